@@ -1,0 +1,115 @@
+"""What one test case asks of an implementation (Call) and what came back (Outcome).
+
+Both are plain data: numbers, strings, lists, dicts and plain CPU tensors, so they cross the
+process boundary through `autograder.wire` (no pickle) and can be stored as self-check fixtures.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Call:
+    """One invocation of a student's (or the reference's) code.
+
+    Tensors in `args`, `kwargs` and `state` are stored on the CPU; the executor moves floating
+    tensors to `device` and casts them to `dtype` (integer and boolean tensors keep their dtype).
+
+    Attributes:
+        chapter, exercise: the contract names being graded.
+        case: a short human name ("batched, L_q != L_k, bool mask").
+        target: the notebook-level name to look up (function or class).
+        method: None to call the function, or the module itself (forward); else a method name
+            of the constructed module ("prepare_qkv").
+        init: keyword arguments to construct the module (None for a function).
+        state: weights loaded into the module after its parameter names and shapes are checked.
+        args, kwargs: the call's arguments.
+        train: module mode for the call (dropout).
+        grad: inputs whose gradients are compared ("args.0", "kwargs.bias"), plus "params"
+            for every parameter of the module.
+        seed: torch.manual_seed before construction and before the call (dropout, init).
+        expect_error: an exception type name that the call must raise (e.g. "ValueError").
+        device, dtype: where and in which floating dtype the call runs.
+        as_default: run with `device` and `dtype` as torch's defaults (for functions such as
+            sinusoidal_positional_encoding that create tensors from no input tensor).
+    """
+
+    chapter: str
+    exercise: str
+    case: str
+    target: str
+    method: str | None = None
+    init: dict | None = None
+    state: dict | None = None
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
+    train: bool = False
+    grad: list = field(default_factory=list)
+    seed: int = 0
+    expect_error: str | None = None
+    device: str = "cpu"
+    dtype: str = "float64"
+    as_default: bool = False
+
+    def to_plain(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_plain(cls, d: dict) -> "Call":
+        return cls(**d)
+
+    def on(self, device: str, dtype: str) -> "Call":
+        """The same call on another device / dtype."""
+        d = self.to_plain()
+        d.update(device=device, dtype=dtype)
+        return Call.from_plain(d)
+
+
+@dataclass
+class Outcome:
+    """What running a Call produced, as plain data.
+
+    Attributes:
+        error: None, or {"type", "message", "where"} for an exception (student frames only),
+            "type" being "Missing" when the target name does not exist, "Timeout"/"Crash" when
+            the child process hung or died.
+        returned: a description of the returned structure ("tuple(Tensor, Tensor)", "Tensor",
+            "NoneType"), so a wrong return type is reported in words.
+        outputs: the returned tensors, flattened in order, detached on the CPU (None where a
+            value could not be brought back, e.g. on the meta device).
+        meta: for each output: {"shape", "dtype", "device"} as it was returned.
+        grads: gradient name -> tensor (or None when no gradient reached it).
+        params: the module's state_dict names -> shapes, before loading (None for functions).
+        load_error: why the reference weights could not be loaded (missing/unexpected names).
+        inputs_modified: names of arguments changed in place.
+        forbidden: forbidden ops or functions seen while the call ran.
+        seconds: wall time of the call.
+    """
+
+    error: dict | None = None
+    returned: str = ""
+    outputs: list = field(default_factory=list)
+    meta: list = field(default_factory=list)
+    grads: dict = field(default_factory=dict)
+    params: dict | None = None
+    load_error: str | None = None
+    inputs_modified: list = field(default_factory=list)
+    forbidden: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_plain(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_plain(cls, d: dict) -> "Outcome":
+        return cls(**d)
+
+    @classmethod
+    def failure(cls, type_: str, message: str, where: str = "") -> "Outcome":
+        return cls(error={"type": type_, "message": message, "where": where})
+
+
+def plain_value(x: Any) -> bool:
+    """Whether x is a value allowed inside a Call (tensors are handled by the wire format)."""
+    return x is None or isinstance(x, (bool, int, float, str))

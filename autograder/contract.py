@@ -1,0 +1,147 @@
+"""The exercise contract (shared/exercise-api.md) as data: chapters, exercises, points, forbidden ops.
+
+Everything else in the grader asks this module what a chapter contains, so the list of graded
+names lives in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Aten-level names (the op's overload packet name) that count as "PyTorch's ready-made attention".
+# Matched at the dispatch level, so aliases, torch.ops.aten and torch._C all reach them.
+ATTENTION_OPS = frozenset({
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_attention_math_for_mps",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable",
+    "_fused_sdp_choice",
+    "_native_multi_head_attention",
+    "_transformer_encoder_layer_fwd",
+})
+# Python-level functions seen through a TorchFunctionMode (they decompose into ordinary aten ops).
+ATTENTION_FUNCTIONS = frozenset({
+    "scaled_dot_product_attention",
+    "multi_head_attention_forward",
+})
+SOFTMAX_OPS = frozenset({
+    "softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax",
+    "special_softmax", "special_log_softmax", "_masked_softmax",
+})
+SOFTMAX_FUNCTIONS = frozenset({"softmax", "log_softmax"})
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    """What an exercise may not hand to PyTorch, and how to say so."""
+
+    ops: frozenset = frozenset()        # aten overload-packet names
+    functions: frozenset = frozenset()  # __torch_function__ names (func.__name__)
+    what: str = ""                      # human words for the message
+
+    def __bool__(self) -> bool:
+        return bool(self.ops or self.functions)
+
+
+NO_ATTENTION = Forbidden(
+    ATTENTION_OPS, ATTENTION_FUNCTIONS,
+    "PyTorch's ready-made attention (scaled_dot_product_attention / nn.MultiheadAttention / "
+    "multi_head_attention_forward)",
+)
+NO_SOFTMAX = Forbidden(
+    SOFTMAX_OPS, SOFTMAX_FUNCTIONS,
+    "PyTorch's softmax (torch.softmax, Tensor.softmax, F.softmax, log_softmax)",
+)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded name of the contract.
+
+    kind: "function", "module" (an nn.Module class; construction, parameters and forward are
+    graded) or "method" (a method of the chapter's module class, e.g. prepare_qkv).
+    """
+
+    name: str
+    kind: str
+    points: float
+    forbidden: Forbidden = field(default_factory=Forbidden)
+    owner: str | None = None  # for kind == "method": the class that holds it
+
+    @property
+    def target(self) -> str:
+        """The notebook-level name that must exist for this exercise to be graded."""
+        return self.owner or self.name
+
+
+@dataclass(frozen=True)
+class Chapter:
+    id: str
+    title: str
+    exercises: tuple
+
+    def exercise(self, name: str) -> Exercise:
+        for ex in self.exercises:
+            if ex.name == name:
+                return ex
+        raise KeyError(f"{self.id} has no exercise {name!r}")
+
+    @property
+    def points(self) -> float:
+        return sum(ex.points for ex in self.exercises)
+
+
+CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
+    Chapter("01_intuition", "Intuition", (
+        Exercise("softmax", "function", 5, NO_SOFTMAX),
+        Exercise("attention_pool", "function", 5),
+    )),
+    Chapter("02_scaled_dot_product_attention", "Scaled dot-product attention", (
+        Exercise("scaled_dot_product_attention", "function", 10, NO_ATTENTION),
+        Exercise("SelfAttention", "module", 5, NO_ATTENTION),
+    )),
+    Chapter("03_multi_head_attention", "Multi-head attention", (
+        Exercise("split_heads", "function", 3, NO_ATTENTION),
+        Exercise("merge_heads", "function", 2, NO_ATTENTION),
+        Exercise("MultiHeadAttention", "module", 10, NO_ATTENTION),
+        Exercise("MultiHeadSelfAttention", "module", 5, NO_ATTENTION),
+    )),
+    Chapter("04_positional_encoding", "Positional encoding", (
+        Exercise("sinusoidal_positional_encoding", "function", 4),
+        Exercise("SinusoidalPositionalEncoding", "module", 3),
+        Exercise("LearnedPositionalEmbedding", "module", 3),
+        Exercise("apply_rotary_embedding", "function", 5),
+    )),
+    Chapter("05_masks", "Masks", (
+        Exercise("causal_mask", "function", 3),
+        Exercise("padding_mask", "function", 3),
+        Exercise("decoder_mask", "function", 4),
+    )),
+    Chapter("06_gated_global_attention", "Gated and global attention", (
+        Exercise("prepare_qkv", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
+        Exercise("prepare_qkv_global", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
+        Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION),
+    )),
+)}
+
+CHAPTER_IDS = tuple(CHAPTERS)
+
+
+def chapter_for_filename(filename: str) -> Chapter | None:
+    """The chapter a notebook file belongs to, from its name ('02_scaled_dot_product_attention.ipynb',
+    also with a student's prefix or suffix such as 'alice_02_scaled_dot_product_attention (1).ipynb')."""
+    stem = filename.rsplit("/", 1)[-1]
+    if stem.endswith(".ipynb"):
+        stem = stem[: -len(".ipynb")]
+    if stem in CHAPTERS:
+        return CHAPTERS[stem]
+    matches = [c for c in CHAPTER_IDS if c in stem]
+    if len(matches) == 1:
+        return CHAPTERS[matches[0]]
+    # A bare number prefix ("02.ipynb", "02_sdpa.ipynb") is accepted when unambiguous.
+    prefix = stem[:2]
+    matches = [c for c in CHAPTER_IDS if c.startswith(prefix + "_")] if prefix.isdigit() else []
+    return CHAPTERS[matches[0]] if len(matches) == 1 else None

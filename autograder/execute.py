@@ -1,0 +1,236 @@
+"""Run one Call against a namespace and describe what happened as an Outcome.
+
+The same function runs the reference (in the grader) and the student's code (in the sandboxed
+child, or in the student's own kernel for the self-check), so both sides are measured the
+same way. Nothing here compares or scores: that happens in the trusted grader process.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .calls import Call, Outcome
+from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
+
+WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
+WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
+_HIDDEN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(os.__file__))
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records watched aten ops however they were reached (aliases, torch.ops.aten, torch._C)."""
+
+    def __init__(self, seen: set):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in WATCHED_OPS:
+            self.seen.add(f"aten.{name}")
+        return func(*args, **(kwargs or {}))
+
+
+class _FunctionRecorder(TorchFunctionMode):
+    """Records watched Python-level functions (multi_head_attention_forward decomposes into
+    ordinary aten ops, so only this level sees it)."""
+
+    def __init__(self, seen: set):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in WATCHED_FUNCTIONS:
+            self.seen.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+def student_frames(tb) -> str:
+    """The traceback lines that belong to the submission, not to torch, Python or the grader."""
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_HIDDEN_DIRS)]
+    lines = []
+    for f in frames[-4:]:
+        where = f.filename if f.filename.startswith("<") else os.path.basename(f.filename)
+        lines.append(f"{where}, line {f.lineno}, in {f.name}: {(f.line or '').strip()}")
+    return "\n".join(lines)
+
+
+def describe_error(exc: BaseException) -> dict:
+    message = str(exc)
+    if len(message) > 2000:
+        message = message[:2000] + " …"
+    return {
+        "type": type(exc).__name__,
+        "mro": [c.__name__ for c in type(exc).__mro__],
+        "message": message,
+        "where": student_frames(exc.__traceback__),
+    }
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(type(v).__name__ if not isinstance(v, torch.Tensor) else "Tensor" for v in value)
+        return f"{type(value).__name__}({inner})"
+    return "Tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _flatten(value: Any) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A detached, plain (no subclass) tensor."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.as_subclass(t.detach(), torch.Tensor)
+
+
+def _place(x: Any, device: str, dtype: torch.dtype) -> Any:
+    if isinstance(x, torch.Tensor):
+        x = x.to(device)
+        return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: _place(v, device, dtype) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_place(v, device, dtype) for v in x]
+    return x
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device.type == "meta":
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    eq = a == b
+    if a.is_floating_point():
+        eq = eq | (torch.isnan(a) & torch.isnan(b))
+    return bool(eq.all())
+
+
+def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
+    """Run `call` against the objects in `namespace`; never raises (except `reraise` types)."""
+    target = namespace.get(call.target)
+    if target is None:
+        return Outcome.failure("Missing", f"`{call.target}` is not defined in the notebook.")
+    dtype = getattr(torch, call.dtype)
+    device = call.device
+    start = time.perf_counter()
+    seen: set = set()
+    out = Outcome()
+    try:
+        torch.manual_seed(call.seed)
+        args = _place(call.args, device, dtype)
+        kwargs = _place(call.kwargs, device, dtype)
+        named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
+        named_inputs.update({f"kwargs.{k}": v for k, v in kwargs.items()})
+        grad_inputs = {}
+        for name in call.grad:
+            t = named_inputs.get(name)
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.requires_grad_(True)
+                grad_inputs[name] = t
+        pristine = {k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
+
+        fn = target
+        module = None
+        if call.init is not None:
+            with _FunctionRecorder(seen), _OpRecorder(seen):
+                module = target(**call.init)
+            if not isinstance(module, torch.nn.Module):
+                return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
+                                       f"(got {type(module).__name__}).")
+            out.params = {k: list(v.shape) for k, v in module.state_dict().items()}
+            if call.state is not None:
+                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
+                missing = [k for k in state if k not in out.params]
+                if missing:
+                    out.load_error = "missing " + ", ".join(missing)
+                else:
+                    try:
+                        module.load_state_dict(state, strict=False)
+                    except Exception as e:  # shape mismatch
+                        out.load_error = str(e).strip().splitlines()[-1][:500]
+            module.to(device=device, dtype=dtype)
+            module.train(call.train)
+            fn = getattr(module, call.method) if call.method else module
+            if "params" in call.grad:
+                for pname, p in module.named_parameters():
+                    grad_inputs[f"param.{pname}"] = p
+
+        torch.manual_seed(call.seed)
+        defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
+        with defaults, _FunctionRecorder(seen), _OpRecorder(seen):
+            value = fn(*args, **kwargs)
+        out.returned = _describe(value)
+        flat = _flatten(value)
+        for v in flat:
+            if isinstance(v, torch.Tensor):
+                out.meta.append({"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."),
+                                 "device": v.device.type})
+                out.outputs.append(None if v.device.type == "meta" else _plain(v).to("cpu"))
+            else:
+                out.meta.append({"type": type(v).__name__})
+                out.outputs.append(None)
+
+        if grad_inputs and device != "meta":
+            out.grads = _gradients(flat, grad_inputs, call.seed)
+        for name, before in pristine.items():
+            if not _same(named_inputs[name].detach(), before):
+                out.inputs_modified.append(name)
+    except reraise:
+        raise
+    except BaseException as e:  # student code may raise anything, SystemExit included
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        out.error = describe_error(e)
+    out.forbidden = sorted(seen)
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def _gradients(flat: list, grad_inputs: dict, seed: int) -> dict:
+    """Gradients of sum(output_i * r_i) for fixed random r_i, with respect to each input."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    loss = None
+    for v in flat:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
+            r = torch.randn(v.shape, generator=gen, dtype=torch.float64).to(v.device, v.dtype)
+            term = (v * r).sum()
+            loss = term if loss is None else loss + term
+    if loss is None:
+        return {k: None for k in grad_inputs}
+    names = list(grad_inputs)
+    grads = torch.autograd.grad(loss, [grad_inputs[n] for n in names], allow_unused=True)
+    return {n: None if g is None else _plain(g).to("cpu") for n, g in zip(names, grads)}
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Defaults:
+    """Temporarily make `device` and `dtype` torch's defaults."""
+
+    def __init__(self, device: str, dtype: torch.dtype):
+        self.device, self.dtype = torch.device(device), dtype
+
+    def __enter__(self):
+        self.old_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        self.device.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.device.__exit__(*exc)
+        torch.set_default_dtype(self.old_dtype)
+        return False

@@ -1,0 +1,51 @@
+"""The reference implementations, taken from the solution notebooks (the single source).
+
+A solution notebook's code cells run in a fresh namespace, except nbgrader grade cells (the
+self-check cells) and cells tagged `demo`. The book and the grader import references from here
+rather than restating them.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import nbformat
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+
+
+def solutions_dir() -> Path:
+    """Where the solution notebooks are: $AUTOGRADER_SOLUTIONS, else <repo>/solutions."""
+    return Path(os.environ.get("AUTOGRADER_SOLUTIONS") or REPO_DIR / "solutions")
+
+
+def reference_cells(nb) -> list[str]:
+    """The source of the cells that define a chapter's reference implementation."""
+    sources = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        meta = cell.get("metadata", {})
+        if meta.get("nbgrader", {}).get("grade") or "demo" in meta.get("tags", []):
+            continue
+        sources.append(cell.source)
+    return sources
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> dict:
+    nb = nbformat.read(path, as_version=4)
+    namespace: dict = {"__name__": f"reference_{Path(path).stem}"}
+    for i, source in enumerate(reference_cells(nb)):
+        exec(compile(source, f"<reference {Path(path).name} cell {i}>", "exec"), namespace)
+    return namespace
+
+
+def load_reference(chapter: str) -> dict:
+    """The namespace of a chapter's solution notebook, e.g. load_reference("02_scaled_dot_product_attention")."""
+    path = solutions_dir() / f"{chapter}.ipynb"
+    if not path.exists():
+        raise FileNotFoundError(f"reference solutions not found: {path} (set AUTOGRADER_SOLUTIONS)")
+    return _load(str(path))
