@@ -45,6 +45,11 @@ class Forbidden:
     def __bool__(self) -> bool:
         return bool(self.ops or self.functions)
 
+    def used_in(self, seen) -> set:
+        """Which of the recorded names (executor's Outcome.forbidden) this rule forbids."""
+        return {s for s in seen if (s.removeprefix("aten.") in self.ops if s.startswith("aten.")
+                                    else s in self.functions)}
+
 
 NO_ATTENTION = Forbidden(
     ATTENTION_OPS, ATTENTION_FUNCTIONS,

@@ -91,7 +91,12 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
         return torch.Tensor.as_subclass(t.detach(), torch.Tensor)
 
 
+DEVICE_PLACEHOLDER = "$device"  # a Call argument replaced by the call's device (causal_mask(L, device=...))
+
+
 def _place(x: Any, device: str, dtype: torch.dtype) -> Any:
+    if isinstance(x, str) and x == DEVICE_PLACEHOLDER:
+        return device
     if isinstance(x, torch.Tensor):
         x = x.to(device)
         return x.to(dtype) if x.is_floating_point() else x
@@ -145,10 +150,13 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
             if not isinstance(module, torch.nn.Module):
                 return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
                                        f"(got {type(module).__name__}).")
-            out.params = {k: list(v.shape) for k, v in module.state_dict().items()}
+            # Parameters and buffers (non-persistent ones too), by name, with their shapes.
+            out.params = {k: list(v.shape) for k, v in module.named_parameters()}
+            out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
             if call.state is not None:
                 state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
-                missing = [k for k in state if k not in out.params]
+                own = module.state_dict()
+                missing = [k for k in state if k not in own]
                 if missing:
                     out.load_error = "missing " + ", ".join(missing)
                 else:

@@ -1,0 +1,209 @@
+"""Compare a student's Outcome with the reference's: pure functions returning a Mismatch.
+
+Checks run in a fixed order and stop at the first failing aspect, so the message names the
+first thing to fix: error / presence, parameters, return structure, shape, dtype, device,
+NaN/inf, values, gradients, inputs modified in place.
+
+Tolerance policy (per dtype of the compared tensors, both computed in that dtype on that device):
+    float64   rtol 1e-6, atol 1e-8   (CPU grading runs in float64: bugs cannot hide in rounding)
+    float32   rtol 1e-4, atol 1e-5
+    float16   rtol 1e-2, atol 1e-2
+    bfloat16  rtol 5e-2, atol 5e-2
+Integer and boolean outputs must match exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .calls import Call, Outcome
+
+TOLERANCES = {
+    "float64": (1e-6, 1e-8),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+}
+
+
+@dataclass
+class Mismatch:
+    """The first failing aspect of one case, in words, with the numbers behind it."""
+
+    aspect: str
+    message: str
+    output: int | None = None        # which returned tensor (0 = output, 1 = weights)
+    max_abs: float | None = None
+    max_rel: float | None = None
+    where: list | None = None        # index of the largest error
+    hint: str | None = None
+
+    def to_plain(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _output_name(i: int, n: int) -> str:
+    if n == 1:
+        return "the result"
+    return {0: "the output", 1: "the weights"}.get(i, f"returned value #{i}")
+
+
+def _fmt_shape(shape) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def value_error(actual: torch.Tensor, expected: torch.Tensor, dtype: str) -> tuple | None:
+    """(max_abs, max_rel, where) if `actual` is outside the tolerance of `expected`, else None."""
+    if expected.dtype == torch.bool or not expected.is_floating_point():
+        bad = actual.to(expected.dtype) != expected
+        if not bad.any():
+            return None
+        idx = torch.nonzero(bad)[0].tolist()
+        return (1.0, float("inf"), idx)
+    rtol, atol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    a = actual.to(torch.float64)
+    e = expected.to(torch.float64)
+    both_nan = torch.isnan(a) & torch.isnan(e)
+    same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
+    diff = torch.where(both_nan | same_inf, torch.zeros_like(a), (a - e).abs())
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    bad = diff > atol + rtol * torch.nan_to_num(e.abs(), posinf=0.0)
+    if not bad.any():
+        return None
+    flat = int(torch.argmax(torch.where(bad, diff, torch.full_like(diff, -1.0))))
+    idx = list(torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.dim() else []
+    idx = [int(i) for i in idx]
+    max_abs = float(diff[bad].max())
+    rel = diff / e.abs().clamp_min(1e-12)
+    max_rel = float(rel[bad].max())
+    return max_abs, max_rel, idx
+
+
+def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str) -> Mismatch | None:
+    err = value_error(a, e, dtype)
+    if err is None:
+        return None
+    max_abs, max_rel, where = err
+    name = _output_name(i, n) if what == "value" else what
+    got = a[tuple(where)].item() if where or a.dim() == 0 else None
+    want = e[tuple(where)].item() if where or e.dim() == 0 else None
+    at = f" at index {tuple(where)}" if where else ""
+    detail = f" (got {got:.6g}, expected {want:.6g})" if isinstance(got, float) and isinstance(want, float) else ""
+    if e.dtype == torch.bool:
+        detail = f" (got {got}, expected {want})"
+    return Mismatch("values" if what == "value" else "grads",
+                    f"{name} differs from the reference: largest absolute error {max_abs:.3g}, "
+                    f"relative {max_rel:.3g}{at}{detail}.", output=i if what == "value" else None,
+                    max_abs=max_abs, max_rel=max_rel, where=where)
+
+
+def compare(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
+    """The first way in which `student` differs from `expected` for this call, or None."""
+    err = student.error
+    if call.expect_error:
+        if err and call.expect_error in err.get("mro", [err.get("type")]):
+            return None
+        if err and err["type"] in ("Timeout", "Crash", "Missing"):
+            return Mismatch(err["type"].lower(), err["message"])
+        got = f"it raised {err['type']}: {err['message']}" if err else "it returned normally"
+        return Mismatch("expected-error", f"this call must raise {call.expect_error}, but {got}.")
+    if err:
+        aspect = {"Missing": "missing", "Timeout": "timeout", "Crash": "crash"}.get(err["type"], "error")
+        where = f"\n{err['where']}" if err.get("where") else ""
+        return Mismatch(aspect, f"{err['type']}: {err['message']}{where}")
+    if expected.error:  # the reference itself failed: a grader bug, never the student's fault
+        return Mismatch("grader", f"the reference failed on this case ({expected.error['type']}); "
+                        "please report this to your instructor.")
+
+    if expected.params is not None:
+        m = _compare_params(student, expected)
+        if m:
+            return m
+    if student.returned != expected.returned:
+        return Mismatch("returned", f"returned {student.returned or 'nothing'}, expected {expected.returned}.")
+    n = len(expected.meta)
+    for i, (sm, em) in enumerate(zip(student.meta, expected.meta)):
+        name = _output_name(i, n)
+        if "shape" not in em:
+            continue
+        if sm["shape"] != em["shape"]:
+            return Mismatch("shape", f"{name} has shape {_fmt_shape(sm['shape'])}, expected "
+                            f"{_fmt_shape(em['shape'])}.", output=i)
+        if sm["dtype"] != em["dtype"]:
+            return Mismatch("dtype", f"{name} has dtype {sm['dtype']}, expected {em['dtype']} "
+                            "(the dtype of the inputs).", output=i)
+        if sm["device"] != em["device"]:
+            return Mismatch("device", f"{name} is on device '{sm['device']}', expected '{em['device']}' "
+                            "(the device of the inputs).", output=i)
+    for i, (s, e) in enumerate(zip(student.outputs, expected.outputs)):
+        if s is None or e is None:
+            continue
+        if s.is_floating_point() and not bool(torch.isfinite(e).logical_not().any()):
+            bad = ~torch.isfinite(s)
+            if bad.any():
+                idx = tuple(int(j) for j in torch.nonzero(bad)[0])
+                kind = "NaN" if torch.isnan(s).any() else "inf"
+                return Mismatch("nonfinite", f"{_output_name(i, n)} contains {kind} "
+                                f"({int(bad.sum())} entries, first at index {idx}); the reference is finite.",
+                                output=i, where=list(idx))
+        m = _values(i, n, s, e, call.dtype, "value")
+        if m:
+            return m
+    for name, e in expected.grads.items():
+        s = student.grads.get(name)
+        if e is None:
+            continue
+        label = _grad_label(name)
+        if s is None:
+            return Mismatch("grads", f"no gradient reaches {label}: the computation is cut off from "
+                            "autograd (.detach(), .data, .item(), torch.tensor(...) or numpy on the way?).")
+        if tuple(s.shape) != tuple(e.shape):
+            return Mismatch("grads", f"the gradient of {label} has shape {_fmt_shape(s.shape)}, "
+                            f"expected {_fmt_shape(e.shape)}.")
+        m = _values(None, n, s, e, call.dtype, f"the gradient with respect to {label}")
+        if m:
+            return m
+    if student.inputs_modified:
+        names = ", ".join(_grad_label(x) for x in student.inputs_modified)
+        return Mismatch("inplace", f"the call modified its input in place ({names}); work on a copy "
+                        "or use out-of-place ops (masked_fill, not masked_fill_).")
+    return None
+
+
+def _grad_label(name: str) -> str:
+    if name.startswith("param."):
+        return f"parameter `{name[6:]}`"
+    kind, _, key = name.partition(".")
+    return f"argument #{int(key) + 1}" if kind == "args" else f"argument `{key}`"
+
+
+def _compare_params(student: Outcome, expected: Outcome) -> Mismatch | None:
+    sp, ep = student.params or {}, expected.params or {}
+    missing = [k for k in ep if k not in sp]
+    if missing:
+        have = ", ".join(sorted(sp)) or "none"
+        return Mismatch("params", f"the module has no parameter or buffer named {', '.join(missing)} "
+                        f"(it has: {have}).")
+    extra = [k for k in sp if k not in ep]
+    if extra:
+        return Mismatch("params", f"the module has unexpected parameters or buffers: {', '.join(extra)} "
+                        "(check the contract's layers and bias=... settings).")
+    wrong = [f"{k} is {_fmt_shape(sp[k])}, expected {_fmt_shape(ep[k])}" for k in ep if sp[k] != ep[k]]
+    if wrong:
+        return Mismatch("params", "parameter shapes differ: " + "; ".join(wrong) + ".")
+    if student.load_error:
+        return Mismatch("params", f"the reference weights could not be loaded: {student.load_error}")
+    return None
+
+
+def compare_meta(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
+    """For the device-portability run: everything but values (the meta device has none)."""
+    stripped = Outcome(**{**expected.to_plain(), "outputs": [None] * len(expected.outputs), "grads": {}})
+    s = Outcome(**{**student.to_plain(), "outputs": [None] * len(student.outputs), "grads": {},
+                   "inputs_modified": []})
+    m = compare(call, s, stripped)
+    if m and m.aspect == "error" and "meta" in m.message.lower() or (m and m.aspect == "device"):
+        m.hint = ("some tensor is created on a fixed device: create new tensors with "
+                  "device=x.device (and dtype=x.dtype), or with torch.*_like / x.new_*")
+    return m

@@ -1,0 +1,281 @@
+"""Grade chapter notebooks: run every case against the student and the reference, score, diagnose.
+
+The student's code runs elsewhere (a sandboxed child through `session.StudentSession`, or the
+student's own kernel for nbgrader); this module only sees Outcomes, so comparisons and scores
+are made in the trusted process.
+
+Scoring: each exercise's points are split between a CPU test (80%) and a device-portability
+test (20%): on CUDA (float32, float16 and bfloat16) where `torch.cuda.is_available()`, else on
+the `meta` device (shapes, dtypes and devices only, which catches tensors created on a fixed
+device). Within a test, credit is the fraction of cases passed. Use of a forbidden built-in
+anywhere in an exercise zeroes the exercise.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import cases as case_registry
+from .calls import Call, Outcome
+from .compare import Mismatch, compare, compare_meta
+from .contract import CHAPTERS, Chapter, Exercise, chapter_for_filename
+from .execute import execute
+from .inputs import grading_seed
+from .references import load_reference
+from .results import CaseResult, ChapterResult, SubmissionResult, TestResult
+
+CPU_SHARE = 0.8
+HALF_DTYPES = ("float16", "bfloat16")
+HALF_CASES = 3  # how many cases also run in half precision on CUDA
+
+
+def device_plan(requested: str = "auto") -> list[str]:
+    """The devices to grade on: always the CPU, then CUDA where present, else the meta device."""
+    cuda = torch.cuda.is_available()
+    if requested == "cuda" and not cuda:
+        raise RuntimeError("--device cuda was requested but torch.cuda.is_available() is False")
+    if requested == "cpu":
+        return ["cpu", "meta"]
+    return ["cpu", "cuda" if cuda else "meta"]
+
+
+class ReferenceCache:
+    """Reference outcomes, computed once per (call, device, dtype) and shared across submissions."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._outcomes: dict = {}
+        self._cases: dict = {}
+
+    def cases(self, chapter: str, exercise: str, seed: int, quick: bool) -> list[Call]:
+        key = (chapter, exercise, seed, quick)
+        with self._lock:
+            if key not in self._cases:
+                self._cases[key] = case_registry.build_cases(
+                    chapter, exercise, load_reference(chapter), seed=seed, quick=quick)
+            return self._cases[key]
+
+    def expected(self, call: Call, key: tuple) -> Outcome:
+        with self._lock:
+            hit = self._outcomes.get(key)
+        if hit is None:
+            hit = execute(load_reference(call.chapter), call)
+            with self._lock:
+                self._outcomes[key] = hit
+        return hit
+
+
+REFERENCES = ReferenceCache()
+
+
+def _variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
+    """The calls of one device test, each with the index of the case it comes from."""
+    if device == "cpu":
+        return list(enumerate(cases))
+    if device == "meta":
+        return [(i, c.on("meta", "float32")) for i, c in enumerate(cases) if not c.train]
+    out = [(i, c.on("cuda", "float32")) for i, c in enumerate(cases)]
+    for dt in HALF_DTYPES:
+        halves = [(i, c) for i, c in enumerate(cases) if not (c.expect_error or c.as_default or c.train)]
+        out += [(i, c.on("cuda", dt)) for i, c in halves[:HALF_CASES]]
+    return out
+
+
+def _figure(call: Call, student: Outcome, expected: Outcome, m: Mismatch) -> dict | None:
+    """A 2-D slice of expected vs submitted attention weights, when the weights differ."""
+    if m.aspect not in ("values", "nonfinite") or m.output != 1 or len(student.outputs) < 2:
+        return None
+    s, e = student.outputs[1], expected.outputs[1]
+    if s is None or e is None or s.shape != e.shape or e.dim() < 2:
+        return None
+    while e.dim() > 2:
+        s, e = s[0], e[0]
+    return {"expected": e.double().tolist(), "submitted": torch.nan_to_num(s.double()).tolist()}
+
+
+def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
+                   seed: int, quick: bool = False) -> list[TestResult]:
+    """Every test of one exercise; `run` executes a Call on the student's side."""
+    cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
+    tests, forbidden_seen = [], set()
+    for device in devices:
+        share = CPU_SHARE if device == "cpu" else 1 - CPU_SHARE
+        test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
+        stop = None  # after a timeout/crash/missing name, the remaining cases are not run
+        for index, c in _variants(cases, device):
+            if stop:
+                test.cases.append(CaseResult(c.case, device, c.dtype, False, stop.aspect,
+                                             f"not run: {stop.message}"))
+                continue
+            expected = REFERENCES.expected(c, (chapter.id, ex.name, seed, quick, index, c.device, c.dtype))
+            student = run(c)
+            forbidden_seen |= ex.forbidden.used_in(student.forbidden)
+            m = (compare_meta if device == "meta" else compare)(c, student, expected)
+            result = CaseResult(c.case, device, c.dtype, m is None)
+            if m:
+                m.hint = m.hint or case_registry.hint(c, student, expected, m)
+                result.aspect, result.message, result.hint = m.aspect, m.message, m.hint
+                result.figure = _figure(c, student, expected, m)
+                if m.aspect in ("timeout", "crash", "missing"):
+                    stop = m
+            test.cases.append(result)
+        if stop and stop.aspect == "missing":
+            test.note = stop.message
+        total = len(test.cases)
+        test.score = round(test.max_score * test.passed / total, 4) if total else 0.0
+        tests.append(test)
+    if forbidden_seen:
+        note = (f"uses {ex.forbidden.what} ({', '.join(sorted(forbidden_seen))}); this exercise asks you "
+                "to write the computation yourself, so it scores zero.")
+        for t in tests:
+            t.score, t.note = 0.0, note
+    return tests
+
+
+def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: list[str], seed: int,
+                  quick: bool = False, exercises: list[str] | None = None) -> list[TestResult]:
+    tests = []
+    for ex in chapter.exercises:
+        if exercises is None or ex.name in exercises:
+            tests += grade_exercise(chapter, ex, run, devices, seed, quick)
+    return tests
+
+
+def zero_chapter(chapter: Chapter, devices: list[str], note: str) -> list[TestResult]:
+    """Every test of a chapter at zero, with one message (unreadable notebook, ...)."""
+    tests = []
+    for ex in chapter.exercises:
+        for device in devices:
+            share = CPU_SHARE if device == "cpu" else 1 - CPU_SHARE
+            tests.append(TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4), note=note))
+    return tests
+
+
+def _other_chapter_note(chapter: Chapter, defined: set) -> str | None:
+    mine = {ex.target for ex in chapter.exercises}
+    if mine & defined:
+        return None
+    for other in CHAPTERS.values():
+        theirs = {ex.target for ex in other.exercises}
+        if other.id != chapter.id and theirs & defined and not theirs <= mine:
+            return (f"this notebook defines names of chapter {other.id} ({', '.join(sorted(theirs & defined))}) "
+                    f"but none of {chapter.id}: was the wrong notebook submitted?")
+    return None
+
+
+class Grader:
+    """Grades submissions; one instance can grade many (reference outcomes are shared)."""
+
+    def __init__(self, device: str = "auto", seed: int | None = None, sandbox: str = "auto",
+                 limits=None, jobs: int | None = None, quick: bool = False):
+        self.devices = device_plan(device)
+        self.seed = grading_seed() if seed is None else seed
+        self.sandbox = sandbox
+        self.limits = limits
+        self.jobs = jobs or min(2, os.cpu_count() or 1)
+        self.quick = quick
+
+    # -- one notebook -------------------------------------------------------------------------
+    def grade_notebook(self, path: Path, chapter: Chapter) -> ChapterResult:
+        from .notebook import NotebookError, read_cells
+        from .session import StudentSession
+
+        start = time.perf_counter()
+        result = ChapterResult(chapter.id, str(path))
+        try:
+            cells = read_cells(path)
+        except NotebookError as e:
+            result.notes.append(str(e))
+            result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
+            result.seconds = time.perf_counter() - start
+            return result
+        with StudentSession(cells, limits=self.limits, sandbox=self.sandbox) as session:
+            info = session.start()
+            result.notes.extend(_start_notes(info))
+            result.output = info.get("output", "")
+            result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick)
+            defined = set(info.get("defined", []))
+            note = _other_chapter_note(chapter, defined) if "defined" in info else None
+            if note:
+                result.notes.append(note)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def grade_namespace(self, chapter: Chapter, namespace: dict, exercises: list[str] | None = None
+                        ) -> list[TestResult]:
+        """Grade objects already defined in this process (nbgrader's kernel): no sandbox."""
+        return grade_chapter(chapter, lambda c: execute(namespace, c), self.devices, self.seed,
+                             self.quick, exercises)
+
+    # -- a file or folder -----------------------------------------------------------------------
+    def find_notebooks(self, path: Path) -> tuple[dict, list]:
+        """Chapter id -> notebook for a file or folder, and notes on what was skipped."""
+        notes, found = [], {}
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*.ipynb")
+                                                     if ".ipynb_checkpoints" not in p.parts)
+        for f in files:
+            ch = chapter_for_filename(f.name)
+            if ch is None:
+                notes.append(f"{f.name}: not a chapter notebook (expected a name like "
+                             f"02_scaled_dot_product_attention.ipynb); skipped.")
+            elif ch.id in found:
+                notes.append(f"{f.name}: a second notebook for {ch.id}; graded {found[ch.id].name} only.")
+            else:
+                found[ch.id] = f
+        return found, notes
+
+    def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None) -> SubmissionResult:
+        """Grade a notebook or a folder of them. With `chapters`, those chapters are graded and
+        any without a notebook score zero; otherwise the chapters found are graded."""
+        path = Path(path)
+        start = time.perf_counter()
+        result = SubmissionResult(str(path))
+        if not path.exists():
+            result.notes.append(f"{path}: no such file or folder.")
+            found = {}
+        else:
+            found, result.notes = self.find_notebooks(path)
+        wanted = chapters or [c for c in CHAPTERS if c in found]
+        if not wanted and path.exists():
+            result.notes.append("no chapter notebook found.")
+
+        def one(chapter_id):
+            ch = CHAPTERS[chapter_id]
+            if chapter_id not in found:
+                return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
+            try:
+                return self.grade_notebook(found[chapter_id], ch)
+            except Exception as e:  # a grader fault must not lose the other chapters
+                return ChapterResult(chapter_id, str(found[chapter_id]),
+                                     zero_chapter(ch, self.devices, f"grader error: {type(e).__name__}: {e}"),
+                                     notes=[f"internal grader error ({type(e).__name__}: {e}); "
+                                            "please report it"])
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs or self.jobs)) as pool:
+            result.chapters = list(pool.map(one, wanted))
+        for ch in result.chapters:
+            mode = next((n for n in ch.notes if n.startswith("sandbox:")), None)
+            if mode:
+                result.sandbox = mode.removeprefix("sandbox:").strip()
+        result.seconds = time.perf_counter() - start
+        return result
+
+
+def _start_notes(info: dict) -> list[str]:
+    notes = []
+    mode = info.get("sandbox")
+    if mode:
+        notes.append(f"sandbox: {mode}")
+    if info.get("sandbox_note"):
+        notes.append(info["sandbox_note"])
+    for cell in info.get("cells", []):
+        status = cell.get("status")
+        if status and status != "ok":
+            notes.append(f"cell {cell.get('index')}: {cell.get('message', status)}")
+    return notes

@@ -1,0 +1,77 @@
+"""What grading produces: plain dataclasses that every report (text, JSON, HTML, CSV) reads."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class CaseResult:
+    case: str
+    device: str          # "cpu", "cuda", "meta"
+    dtype: str
+    passed: bool
+    aspect: str = ""     # first failing aspect (see compare.Mismatch)
+    message: str = ""
+    hint: str | None = None
+    figure: dict | None = None  # {"expected": [[...]], "submitted": [[...]]} attention weights, for HTML
+
+
+@dataclass
+class TestResult:
+    """One graded test: an exercise on one device (the unit Gradescope shows)."""
+
+    chapter: str
+    exercise: str
+    device: str
+    score: float
+    max_score: float
+    cases: list = field(default_factory=list)
+    note: str = ""       # a message that applies to the whole test (missing name, forbidden op)
+
+    @property
+    def passed(self) -> int:
+        return sum(c.passed for c in self.cases)
+
+    @property
+    def first_failure(self) -> CaseResult | None:
+        return next((c for c in self.cases if not c.passed), None)
+
+
+@dataclass
+class ChapterResult:
+    chapter: str
+    notebook: str | None
+    tests: list = field(default_factory=list)
+    notes: list = field(default_factory=list)    # notebook-level messages (cell errors, sandbox mode)
+    output: str = ""                             # the notebook's captured output (capped)
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(t.score for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_score for t in self.tests)
+
+
+@dataclass
+class SubmissionResult:
+    path: str
+    chapters: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+    sandbox: str = ""
+
+    @property
+    def score(self) -> float:
+        return sum(c.score for c in self.chapters)
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.max_score for c in self.chapters)
+
+    def to_plain(self) -> dict:
+        d = asdict(self)
+        d["score"], d["max_score"] = self.score, self.max_score
+        return d
