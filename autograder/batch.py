@@ -1,0 +1,71 @@
+"""Grade a whole class: one folder per student, in parallel, with a progress bar and a CSV."""
+from __future__ import annotations
+
+import csv
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .contract import CHAPTERS
+from .grading import Grader
+from .report import gradescope, html
+from .results import SubmissionResult
+
+
+def student_folders(class_dir: Path) -> list[Path]:
+    return sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
+                chapters: list[str] | None = None, progress: bool = True) -> dict[str, SubmissionResult]:
+    """Grade every student folder; each student's chapters run one after another, and up to
+    `jobs` students at once (each student's code runs in its own child processes)."""
+    class_dir = Path(class_dir)
+    students = student_folders(class_dir)
+    results: dict[str, SubmissionResult] = {}
+    start = time.perf_counter()
+
+    def one(folder: Path) -> SubmissionResult:
+        try:
+            return grader.grade_path(folder, chapters=chapters, jobs=1)
+        except Exception as e:  # never lose the rest of the class to one submission
+            r = SubmissionResult(str(folder))
+            r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
+            return r
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, s): s for s in students}
+        bar = tqdm(total=len(futures), desc="grading", unit="student", disable=not progress)
+        for fut in as_completed(futures):
+            folder = futures[fut]
+            results[folder.name] = fut.result()
+            bar.set_postfix_str(folder.name)
+            bar.update()
+        bar.close()
+    if out_dir:
+        out = Path(out_dir)
+        for name, r in results.items():
+            gradescope.write(r, out / name / "results.json")
+            html.write(r, out / name / "feedback.html")
+    if csv_path:
+        write_csv(results, csv_path)
+    results_seconds = time.perf_counter() - start
+    if progress:
+        print(f"graded {len(results)} submissions in {results_seconds:.1f} s with --jobs {jobs}")
+    return dict(sorted(results.items()))
+
+
+def write_csv(results: dict[str, SubmissionResult], path) -> None:
+    chapters = [c for c in CHAPTERS if any(ch.chapter == c for r in results.values() for ch in r.chapters)]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student", "score", "max_score"] + chapters + ["notes"])
+        for name, r in sorted(results.items()):
+            by = {ch.chapter: ch for ch in r.chapters}
+            w.writerow([name, f"{r.score:.4g}", f"{r.max_score:.4g}"]
+                       + [f"{by[c].score:.4g}" if c in by else "" for c in chapters]
+                       + [json.dumps(r.notes) if r.notes else ""])

@@ -1,0 +1,117 @@
+"""The command line: a thin layer that wires the grader, the batch runner and the reports."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .contract import CHAPTER_IDS
+
+
+def _chapters(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        match = [c for c in CHAPTER_IDS if c == part or c.startswith(part + "_") or c[:2] == part]
+        if len(match) != 1:
+            raise argparse.ArgumentTypeError(f"unknown chapter {part!r} (one of {', '.join(CHAPTER_IDS)})")
+        out.append(match[0])
+    return out
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: CPU, plus CUDA when available (else a meta-device portability check); "
+                        "cpu: CPU and the meta-device check; cuda: require a GPU (default: auto)")
+    p.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
+                   help="comma-separated chapters to grade, e.g. 02,03 (missing notebooks score zero); "
+                        "default: the chapters found")
+    p.add_argument("--sandbox", choices=["auto", "bubblewrap", "none"], default=None,
+                   help="how student code is isolated (default: $AUTOGRADER_SANDBOX or auto)")
+    p.add_argument("--seed", type=int, default=None, help="input seed (default: $AUTOGRADER_SEED or built in)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autograder",
+        description="Grade attention-course notebooks against the reference solutions.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("grade", help="grade one submission (a chapter notebook or a folder of them)",
+                       description="Grade a chapter notebook, or a folder of them, and print a report.")
+    g.add_argument("path", type=Path, help="a chapter notebook (NN_name.ipynb) or a folder")
+    g.add_argument("--json", type=Path, metavar="FILE", help="write Gradescope results.json here")
+    g.add_argument("--html", type=Path, metavar="FILE", help="write an HTML feedback page here")
+    g.add_argument("--jobs", type=int, default=None, help="chapters graded at once (default: 2)")
+    g.add_argument("--verbose", action="store_true", help="also show sandbox notes")
+    _common(g)
+
+    b = sub.add_parser("batch", help="grade a class: one sub-folder per student",
+                       description="Grade every student folder in CLASS_DIR; write a grades CSV and, "
+                                   "with --out, a results.json and feedback.html per student.")
+    b.add_argument("class_dir", type=Path)
+    b.add_argument("--csv", type=Path, default=Path("grades.csv"), help="grades CSV (default: grades.csv)")
+    b.add_argument("--out", type=Path, default=None, help="folder for per-student reports")
+    b.add_argument("--jobs", type=int, default=1, help="students graded at once (default: 1)")
+    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _common(b)
+
+    z = sub.add_parser("gradescope-zip", help="write the Gradescope autograder zip",
+                       description="Write autograder.zip (setup.sh, run_autograder, the grader and the "
+                                   "reference solutions) for a Gradescope programming assignment.")
+    z.add_argument("output", type=Path, nargs="?", default=Path("autograder.zip"))
+    z.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
+                   help="chapters the assignment grades (missing notebooks score zero)")
+
+    sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "selfcheck-data":
+        from .selfcheck import DATA, write_fixtures
+        write_fixtures()
+        print(f"wrote {DATA}")
+        return 0
+    if args.command == "gradescope-zip":
+        from .integrations.gradescope import build_zip
+        build_zip(args.output, chapters=args.chapters)
+        print(f"wrote {args.output}")
+        return 0
+
+    import os
+    if args.sandbox:
+        os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
+    from .grading import Grader
+    try:
+        grader = Grader(device=args.device, seed=args.seed, sandbox=args.sandbox or "auto")
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    if args.command == "grade":
+        from .report import gradescope, html, text
+        if not args.path.exists():
+            print(f"error: {args.path}: no such file or folder", file=sys.stderr)
+            return 2
+        result = grader.grade_path(args.path, chapters=args.chapters, jobs=args.jobs)
+        print(text.render(result, verbose=args.verbose))
+        if args.json:
+            gradescope.write(result, args.json)
+        if args.html:
+            html.write(result, args.html)
+        return 0
+
+    if args.command == "batch":
+        from .batch import grade_class
+        if not args.class_dir.is_dir():
+            print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
+            return 2
+        results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
+                              chapters=args.chapters, progress=not args.no_progress)
+        print(f"wrote {args.csv} ({len(results)} students)")
+        return 0
+    return 2
