@@ -1,0 +1,91 @@
+"""Gradescope: build the autograder zip, and the entry point its run_autograder calls.
+
+Gradescope unpacks the zip into /autograder/source, runs setup.sh once when building the image,
+then for each submission runs /autograder/run_autograder with the student's files in
+/autograder/submission, and reads /autograder/results/results.json. The root is configurable
+(AUTOGRADER_ROOT) so the whole flow can be tested in a simulated tree.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+from ..references import REPO_DIR, solutions_dir
+
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader.
+set -euo pipefail
+apt-get update -qq && apt-get install -y -qq python3 python3-pip python3-venv bubblewrap >/dev/null
+python3 -m venv /opt/grader-venv
+/opt/grader-venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+/opt/grader-venv/bin/pip install -q nbformat matplotlib tqdm ipython
+/opt/grader-venv/bin/pip install -q --no-deps /autograder/source
+"""
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Grade /autograder/submission and always write /autograder/results/results.json.
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+PY="${AUTOGRADER_PYTHON:-/opt/grader-venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+export AUTOGRADER_SOLUTIONS="$ROOT/source/solutions"
+export PYTHONPATH="$ROOT/source${PYTHONPATH:+:$PYTHONPATH}"
+cd "$ROOT/source"
+exec "$PY" -m autograder.integrations.gradescope "$ROOT" __CHAPTERS__
+"""
+
+PACKAGE_FILES = ("pyproject.toml",)
+
+
+def build_zip(output, chapters: list[str] | None = None) -> Path:
+    """Write the Gradescope autograder zip: setup.sh, run_autograder, the grader, the solutions."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(output, "w", zipfile.ZIP_DEFLATED) as z:
+        def add_text(name, text, mode=0o755):
+            info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            z.writestr(info, text)
+
+        add_text("setup.sh", SETUP_SH)
+        add_text("run_autograder", RUN_AUTOGRADER.replace("__CHAPTERS__", ",".join(chapters or [])))
+        for f in sorted((REPO_DIR / "autograder").rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                z.write(f, f.relative_to(REPO_DIR).as_posix())
+        for f in sorted(solutions_dir().glob("*.ipynb")):
+            z.write(f, f"solutions/{f.name}")
+        for name in PACKAGE_FILES:
+            z.write(REPO_DIR / name, name)
+    return output
+
+
+def run(root, chapters: list[str] | None = None) -> dict:
+    """Grade <root>/submission into <root>/results/results.json; always writes a results file."""
+    from ..grading import Grader
+    from ..report import gradescope
+
+    root = Path(root)
+    results_path = root / "results" / "results.json"
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    try:
+        result = Grader().grade_path(root / "submission", chapters=chapters or None)
+        data = gradescope.results_json(result)
+    except Exception:  # the results file is written whatever happens
+        data = {"score": 0.0, "execution_time": round(time.perf_counter() - start, 2),
+                "output": "The autograder failed on this submission; please tell your instructor.\n"
+                          + traceback.format_exc(limit=3),
+                "visibility": "visible", "tests": []}
+    results_path.write_text(json.dumps(data, indent=2))
+    return data
+
+
+if __name__ == "__main__":
+    root = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("AUTOGRADER_ROOT", "/autograder")
+    chosen = [c for c in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if c]
+    out = run(root, chosen)
+    print(f"score {out['score']} written to {Path(root) / 'results' / 'results.json'}")
