@@ -1,0 +1,121 @@
+"""nbgrader and Gradescope, end to end with the real tools."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.contract import CHAPTERS
+from autograder.grading import Grader
+from autograder.integrations.gradescope import build_zip
+from autograder.integrations.nbgrader import make_course
+
+REPO = Path(__file__).resolve().parent.parent
+CHAPTERS_USED = ["01_intuition", "02_scaled_dot_product_attention"]
+UNSCALED = "scores = scores / math.sqrt(d_k)"
+
+
+def _break_sdpa(nb_path: Path) -> None:
+    """Make the scaled dot-product attention of a notebook forget the 1/sqrt(d_k) scaling."""
+    nb = nbformat.read(nb_path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "def scaled_dot_product_attention" in cell.source:
+            lines = cell.source.splitlines()
+            for i, line in enumerate(lines):
+                if line.strip().startswith("return") and "def " not in line:
+                    indent = line[: len(line) - len(line.lstrip())]
+                    # Recompute the result without the scaling, from the same arguments.
+                    lines[i] = (f"{indent}_w = torch.softmax((q @ k.transpose(-2, -1)).masked_fill("
+                                f"~mask, float('-inf')) if mask is not None and mask.dtype == torch.bool "
+                                f"else (q @ k.transpose(-2, -1)) + (0 if mask is None else mask), dim=-1)\n"
+                                f"{indent}_w = torch.nan_to_num(_w)\n{indent}return _w @ v, _w")
+                    break
+            cell.source = "\n".join(lines)
+            break
+    nbformat.write(nb, nb_path)
+
+
+def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run(["nbgrader", *args], cwd=course, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.timeout(1200)
+def test_nbgrader_round_trip_agrees_with_our_grader(tmp_path):
+    course = make_course(tmp_path / "course", chapters=CHAPTERS_USED)
+    _nbgrader(course, "generate_assignment", "attention", "--force")
+    release = course / "release" / "attention"
+    assert sorted(p.name for p in release.glob("*.ipynb")) == [f"{c}.ipynb" for c in CHAPTERS_USED]
+    released = (release / "02_scaled_dot_product_attention.ipynb").read_text()
+    assert "BEGIN HIDDEN TESTS" not in released and "NotImplementedError" in released
+
+    students = {"good": course / "source" / "attention", "stub": release, "buggy": course / "source" / "attention"}
+    for sid, src in students.items():
+        _nbgrader(course, "db", "student", "add", sid)
+        dest = course / "submitted" / sid / "attention"
+        shutil.copytree(src, dest)
+        (dest / "timestamp.txt").write_text("2026-01-01 00:00:00.000000 UTC")
+    _break_sdpa(course / "submitted" / "buggy" / "attention" / "02_scaled_dot_product_attention.ipynb")
+
+    _nbgrader(course, "autograde", "attention", "--force")
+    _nbgrader(course, "export", "--to", str(tmp_path / "grades.csv"))
+    with open(tmp_path / "grades.csv") as f:
+        nb_scores = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(f)}
+
+    grader = Grader(device="cpu")
+    ours = {sid: grader.grade_path(course / "submitted" / sid / "attention", chapters=CHAPTERS_USED).score
+            for sid in students}
+    full = sum(CHAPTERS[c].points for c in CHAPTERS_USED)
+    assert ours["good"] == pytest.approx(full) and nb_scores["good"] == pytest.approx(full)
+    assert ours["stub"] == 0 and nb_scores["stub"] == 0
+    assert 0 < ours["buggy"] < full
+    for sid in students:
+        assert nb_scores[sid] == pytest.approx(ours[sid], abs=1e-3), (sid, nb_scores, ours)
+
+
+def test_gradescope_zip_runs_in_a_simulated_autograder_tree(tmp_path):
+    zip_path = build_zip(tmp_path / "autograder.zip", chapters=["02_scaled_dot_product_attention"])
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(zip_path) as z:
+        names = z.namelist()
+        assert {"setup.sh", "run_autograder"} <= set(names)
+        assert "solutions/02_scaled_dot_product_attention.ipynb" in names
+        z.extractall(root / "source")
+    run_autograder = root / "source" / "run_autograder"
+    run_autograder.chmod(0o755)
+    submission = root / "submission"
+    submission.mkdir()
+    shutil.copy(REPO / "solutions" / "02_scaled_dot_product_attention.ipynb", submission)
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(run_autograder)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == pytest.approx(CHAPTERS["02_scaled_dot_product_attention"].points)
+    assert results["tests"], "no tests in results.json"
+    for t in results["tests"]:
+        assert {"name", "score", "max_score", "output", "extra_data"} <= set(t)
+        assert t["extra_data"]["chapter"] == "02_scaled_dot_product_attention"
+        assert t["extra_data"]["exercise"] in {"scaled_dot_product_attention", "SelfAttention"}
+        assert t["extra_data"]["device"] in {"cpu", "meta", "cuda"}
+        assert 0 <= t["score"] <= t["max_score"]
+
+
+def test_gradescope_always_writes_results_even_for_an_empty_submission(tmp_path):
+    from autograder.integrations.gradescope import run
+
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    (root / "submission" / "notes.txt").write_text("I did not do the homework")
+    data = run(root, ["02_scaled_dot_product_attention"])
+    written = json.loads((root / "results" / "results.json").read_text())
+    assert written == data and data["score"] == 0
+    assert all(t["score"] == 0 for t in data["tests"]) and data["tests"]
