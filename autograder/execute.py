@@ -98,7 +98,7 @@ def _place(x: Any, device: str, dtype: torch.dtype) -> Any:
     if isinstance(x, str) and x == DEVICE_PLACEHOLDER:
         return device
     if isinstance(x, torch.Tensor):
-        x = x.to(device)
+        x = x.to(device, copy=True)  # never the Call's own tensor: an in-place edit must not leak
         return x.to(dtype) if x.is_floating_point() else x
     if isinstance(x, dict):
         return {k: _place(v, device, dtype) for k, v in x.items()}
