@@ -1,0 +1,205 @@
+"""Chapter 1: softmax and attention_pool.
+
+softmax is graded on any shape and any `dim` (negative and 0 included), on inputs of ±1000 (a
+naive exp overflows), and on -inf entries; attention_pool unbatched and with leading batch
+dimensions, d_v != d, and on dot products large enough to overflow a naive exp.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..inputs import randn
+from . import call
+
+
+def cases(exercise, gen, ref, quick):
+    if exercise == "softmax":
+        return _softmax_cases(gen, quick)
+    if exercise == "attention_pool":
+        return _pool_cases(gen, quick)
+    raise KeyError(exercise)
+
+
+# ----------------------------------------------------------------------------- inputs
+def _huge(gen, rows: int, cols: int) -> torch.Tensor:
+    """Rows near +1000, rows near -1000 and rows mixing both: a naive exp overflows (inf/inf)
+    and a max over the whole tensor instead of along `dim` underflows (0/0)."""
+    x = randn(gen, rows, cols, scale=3.0)
+    signs = torch.ones(rows, cols, dtype=torch.float64)
+    signs[1::3] = -1.0
+    signs[2::3, ::2] = -1.0
+    return x + 1000.0 * signs
+
+
+def _with_neg_inf(gen, *shape: int, p: float = 0.3) -> torch.Tensor:
+    """Random values with about p of the entries -inf, never a whole row along the last axis."""
+    x = randn(gen, *shape, scale=2.0)
+    drop = torch.rand(shape, generator=gen) < p
+    drop[..., 0] = False
+    return x.masked_fill(drop, float("-inf"))
+
+
+def _all_neg_inf_row(gen, rows: int, cols: int, row: int) -> torch.Tensor:
+    """-inf entries, and one row entirely -inf (whose probabilities are all 0 by the contract)."""
+    x = _with_neg_inf(gen, rows, cols)
+    x[row] = float("-inf")
+    return x
+
+
+def _softmax_cases(gen, quick):
+    g = ["args.0"]
+    cs = [
+        call("inputs of ±1000, (6, 5), dim=-1 (exp overflows unless the max is subtracted)",
+             _huge(gen, 6, 5), grad=g),
+        call("3-D (2, 5, 3), dim=1", randn(gen, 2, 5, 3, scale=2.0), kwargs={"dim": 1}, grad=g),
+        call("-inf entries get probability 0, (4, 6)", _with_neg_inf(gen, 4, 6), grad=g),
+    ]
+    if quick:
+        return cs
+    return cs + [
+        call("2-D (4, 7), default dim", randn(gen, 4, 7, scale=2.0), grad=g),
+        call("1-D vector (9,)", randn(gen, 9), grad=g),
+        call("dim=0 on (5, 3)", randn(gen, 5, 3, scale=2.0), kwargs={"dim": 0}, grad=g),
+        call("dim=-2 on 4-D (2, 3, 4, 5)", randn(gen, 2, 3, 4, 5), kwargs={"dim": -2}, grad=g),
+        call("dim given positionally: softmax(x, 2) on (3, 2, 4)", randn(gen, 3, 2, 4), 2, grad=g),
+        call("inputs of ±1000 along dim=0, (5, 6)", _huge(gen, 6, 5).T.contiguous(),
+             kwargs={"dim": 0}, grad=g),
+        call("-inf entries along dim=1 of (2, 5, 3)",
+             _with_neg_inf(gen, 2, 3, 5).transpose(1, 2).contiguous(), kwargs={"dim": 1}, grad=g),
+        call("a single entry along dim (3, 1): probability 1", randn(gen, 3, 1), grad=g),
+        call("a slice that is entirely -inf gives all zeros (like a fully masked attention row)",
+             _all_neg_inf_row(gen, 4, 5, row=2)),
+        call("float32 keeps float32, inputs of ±100 (float32's exp overflows at 89)",
+             randn(gen, 4, 6, scale=100.0), dtype="float32", grad=g),
+    ]
+
+
+def _pool_cases(gen, quick):
+    g = ["args.0", "args.1", "args.2"]
+    cs = [
+        call("unbatched: query (4,), keys (6, 4), values (6, 3)",
+             randn(gen, 4), randn(gen, 6, 4), randn(gen, 6, 3), grad=g),
+        call("batch (2, 3): query (2, 3, 5), keys (2, 3, 7, 5), values (2, 3, 7, 2)",
+             randn(gen, 2, 3, 5), randn(gen, 2, 3, 7, 5), randn(gen, 2, 3, 7, 2), grad=g),
+    ]
+    if quick:
+        return cs
+    return cs + [
+        call("batch (4,): query (4, 3), keys (4, 5, 3), values (4, 5, 6)",
+             randn(gen, 4, 3), randn(gen, 4, 5, 3), randn(gen, 4, 5, 6), grad=g),
+        call("large dot products (up to ~±2000): the weights must stay finite",
+             randn(gen, 3, 8, scale=15.0), randn(gen, 3, 6, 8, scale=15.0), randn(gen, 3, 6, 4), grad=g),
+        call("one key (n = 1): weight 1, output = that value",
+             randn(gen, 2, 5), randn(gen, 2, 1, 5), randn(gen, 2, 1, 3), grad=g),
+        call("d = 1 (odd sizes), n = 5, d_v = 7",
+             randn(gen, 1), randn(gen, 5, 1), randn(gen, 5, 7), grad=g),
+        call("float32 keeps float32, batch (2,)", randn(gen, 2, 6), randn(gen, 2, 5, 6),
+             randn(gen, 2, 5, 4), dtype="float32", grad=g),
+    ]
+
+
+# ----------------------------------------------------------------------------- hints
+def _close(a, b) -> bool:
+    return (a is not None and b is not None and a.shape == b.shape
+            and torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()),
+                               rtol=1e-4, atol=1e-6))
+
+
+def _dim_of(call) -> int:
+    if "dim" in call.kwargs:
+        return call.kwargs["dim"]
+    return call.args[1] if len(call.args) > 1 else -1
+
+
+def softmax_hint(call, student, expected, mismatch) -> str | None:
+    x = call.args[0].double()
+    dim = _dim_of(call)
+    if mismatch.aspect == "error" and ("size of tensor" in mismatch.message or "expand" in mismatch.message):
+        return ("the maximum or the sum along `dim` does not broadcast back against x: reduce with "
+                "keepdim=True (x.max(dim, keepdim=True).values, .sum(dim, keepdim=True))")
+    if mismatch.aspect == "nonfinite":
+        finite = x[torch.isfinite(x)]
+        if finite.numel() and finite.abs().max() > 80:
+            return ("exp overflows (or underflows to 0/0) for large inputs: subtract the maximum taken "
+                    "along `dim` with keepdim=True (of each slice, not of the whole tensor) before exp")
+        if (torch.isinf(x) & (x < 0)).all(dim).any():
+            return ("a slice that is entirely -inf must give all zeros (like a fully masked attention "
+                    "row), not NaN: its maximum is -inf and -inf - (-inf) = NaN, so shift such a slice "
+                    "by 0, and divide by 1 where the sum of the exponentials is 0")
+        if torch.isinf(x).any():
+            return ("-inf entries must give probability 0 (exp(-inf) = 0): subtract a finite maximum "
+                    "and leave the -inf entries as they are")
+    if mismatch.aspect != "values" or not student.outputs or student.outputs[0] is None:
+        return None
+    y = student.outputs[0].double()
+    if y.shape != x.shape:
+        return None
+    neg_inf = torch.isinf(x) & (x < 0)
+    if neg_inf.any() and (y[neg_inf] != 0).any():
+        return "-inf entries must get probability exactly 0 (exp(-inf) = 0); do not replace them"
+    d = dim % x.dim()
+    sums = y.sum(d)
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
+        for other in range(x.dim()):
+            if other != d and x.shape[other] > 1 and _close(y, torch.softmax(x, other)):
+                return (f"the probabilities sum to 1 along dim {other - x.dim()} instead of dim={dim}: "
+                        "use the `dim` argument for the max, the exp's sum and the division")
+        if _close(y, torch.exp(x - x.amax(d, keepdim=True))):
+            return "the result is not normalised: divide by the sum of the exponentials along `dim`"
+        return f"the probabilities do not sum to 1 along dim={dim}"
+    return None
+
+
+def _scores(query, keys):
+    return (keys.double() @ query.double().unsqueeze(-1)).squeeze(-1)  # (..., n)
+
+
+def pool_hint(call, student, expected, mismatch) -> str | None:
+    query, keys, values = (a.double() for a in call.args[:3])
+    batched = query.dim() > 1
+    if mismatch.aspect == "shape" and mismatch.output == 0 and student.meta and "shape" in student.meta[0]:
+        got = student.meta[0]["shape"]
+        if got and got[-1] == keys.shape[-1] != values.shape[-1]:
+            return ("the output has the keys' feature size d: it is the weighted sum of the values, "
+                    "(..., d_v)")
+    if mismatch.aspect in ("error", "shape") and batched:
+        return ("this works without batch dimensions but not with them: use keys @ query.unsqueeze(-1) "
+                "(or einsum over the last axis) and weights.unsqueeze(-2) @ values, not .T or fixed "
+                "dimension numbers")
+    if mismatch.aspect == "nonfinite":
+        return ("exp overflows for large dot products: use a numerically stable softmax (subtract the "
+                "maximum along the keys axis first)")
+    if mismatch.aspect != "values" or len(student.outputs) < 2 or student.outputs[1] is None:
+        return None
+    weights = student.outputs[1].double()
+    raw = _scores(query, keys)
+    d = query.shape[-1]
+    candidates = [
+        ("the dot products are scaled by 1/sqrt(d): attention_pool uses the unscaled dot products "
+         "keys · query", torch.softmax(raw / math.sqrt(d), -1)),
+        ("the weights are not normalised: take the softmax of the scores (they must sum to 1 over "
+         "the n keys)", raw),
+        ("the weights are not normalised: divide the exponentials by their sum over the n keys",
+         torch.exp(raw)),
+    ]
+    for axis in range(raw.dim() - 1):
+        if raw.shape[axis] > 1:
+            candidates.append(("the softmax is taken over a batch axis: take it over the keys (dim=-1)",
+                               torch.softmax(raw, axis)))
+    for text, cand in candidates:
+        if _close(weights, cand):
+            return text
+    if mismatch.output == 0 and _close(weights, expected.outputs[1]):
+        return ("the weights are right but the output is not: the output is the weighted sum of the "
+                "values, (weights.unsqueeze(-2) @ values).squeeze(-2)")
+    return None
+
+
+def hint(call, student, expected, mismatch):
+    if call.exercise == "softmax":
+        return softmax_hint(call, student, expected, mismatch)
+    if call.exercise == "attention_pool":
+        return pool_hint(call, student, expected, mismatch)
+    return None
