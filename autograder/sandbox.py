@@ -1,0 +1,571 @@
+"""How the child process that runs a student's notebook is launched, limited and killed.
+
+Two modes (AUTOGRADER_SANDBOX=auto|bubblewrap|none; auto picks the first that works):
+
+- "bubblewrap": the child runs under bwrap with its own PID, mount, network, IPC and UTS
+  namespaces (no network at all, loopback included; when the session ends, killing bwrap kills
+  the PID namespace and every process the student started in it). The filesystem is an
+  allow-list: /usr, /etc and the /bin-/lib links read-only, the Python installation read-only
+  (at its own path, so a Python under /root works although /root itself stays hidden), the
+  child's runtime modules read-only at /run/autograder-runtime, a fresh size-capped tmpfs at
+  /tmp (the working directory and $HOME), a fresh /proc and a minimal /dev. Nothing else
+  exists: not the grader's repository, the solutions, the results path, /work or /root. If one
+  of the hidden paths lies inside a directory that is bound (a solutions folder inside the
+  Python prefix, say), an empty tmpfs is mounted over it. When the grader runs as root, bwrap
+  runs without a user namespace and the child drops to `nobody` (65534) through setpriv with
+  no_new_privs before Python starts; otherwise bwrap uses an unprivileged user namespace and
+  the child keeps the grader's uid (which is then all it can be).
+- "fallback": a plain child process, for machines without bubblewrap or namespaces (a
+  student's laptop, macOS). Same resource limits and timeouts, its own session and process
+  group, and a working directory of its own; but the student's code can read and write whatever
+  the grader's user can, including the solutions, and can reach the network. The session's
+  report says so. As root, the process limit does not apply (root is exempt from RLIMIT_NPROC).
+
+Limits applied in both modes by the child itself, before any student code runs (hard limits,
+so the student cannot raise them): RLIMIT_DATA = memory (4 GiB by default; counts heap and
+private anonymous mappings, so torch's allocations, but not the CUDA driver's reserved address
+space), RLIMIT_AS = 2 x memory on machines without an NVIDIA device, RLIMIT_CPU, RLIMIT_FSIZE,
+RLIMIT_CORE = 0, RLIMIT_NOFILE, and RLIMIT_NPROC (tasks, threads included, counted per user:
+in bubblewrap mode as root it is the `nobody` user's count, shared by every session running at
+the same time; in fallback mode as a normal user it is set to the user's current count plus
+`nproc`).
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+# Modules the child imports: nothing secret (no references, no cases, no solutions).
+RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "contract.py",
+                   "notebook.py")
+RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
+NOBODY = 65534
+MODES = ("bubblewrap", "fallback")
+
+GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+
+
+@dataclass
+class Limits:
+    """What one student's child process may use. Defaults are documented here and in the README.
+
+    Every field can be set from the environment as AUTOGRADER_<FIELD NAME IN CAPITALS>
+    (sizes accept K/M/G suffixes: AUTOGRADER_MEMORY=8G); see `Limits.from_env`.
+    """
+
+    cell_timeout: float = 10.0          # seconds for one top-level cell
+    call_timeout: float = 10.0          # seconds for one graded call
+    notebook_timeout: float = 120.0     # seconds for all cells together (start-up of a session)
+    startup_timeout: float = 60.0       # seconds for the child to start (Python + torch import)
+    grace: float = 2.0                  # after a timeout the child interrupts itself; this long
+                                        # later the parent kills it (student code that swallows
+                                        # the interrupt or blocks in C)
+    memory: int = 4 * GiB               # RLIMIT_DATA (and RLIMIT_AS = 2x where no GPU)
+    cpu_seconds: int = 600              # RLIMIT_CPU, per process (a backstop; timeouts are wall)
+    nproc: int = 256                    # tasks (processes + threads), see the module docstring
+    file_size: int = 64 * MiB           # RLIMIT_FSIZE, largest file the child may write
+    tmp_size: int = 256 * MiB           # size of the sandbox's /tmp (bubblewrap mode)
+    nofile: int = 256                   # open file descriptors
+    output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
+    result_cap: int = 256 * MiB         # largest result frame accepted from the child
+    threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Limits":
+        """Defaults, then AUTOGRADER_<FIELD> environment variables, then `overrides`."""
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"AUTOGRADER_{f.name.upper()}")
+            if raw:
+                try:
+                    values[f.name] = _parse(raw, f.type)
+                except ValueError:
+                    raise ValueError(f"AUTOGRADER_{f.name.upper()}={raw!r} is not a valid "
+                                     f"{f.type}") from None
+        values.update(overrides)
+        return cls(**values)
+
+    def to_plain(self) -> dict:
+        return asdict(self)
+
+
+def _parse(raw: str, type_) -> float | int:
+    raw = raw.strip()
+    if type_ in (float, "float"):
+        return float(raw)
+    scale = {"K": KiB, "M": MiB, "G": GiB, "T": 1 << 40}.get(raw[-1:].upper(), 1)
+    number = raw[:-1] if scale != 1 else raw
+    return int(float(number) * scale)
+
+
+# --------------------------------------------------------------------------- staging
+
+_STAGE_LOCK = threading.Lock()
+_STAGE: Path | None = None
+
+
+def stage_runtime() -> Path:
+    """A world-readable directory holding a copy of the child's modules as package `autograder`.
+
+    Created once per grader process, removed at exit. Returns the directory to put on sys.path.
+    """
+    global _STAGE
+    with _STAGE_LOCK:
+        if _STAGE is not None and (_STAGE / "autograder" / "worker.py").exists():
+            return _STAGE
+        root = Path(tempfile.mkdtemp(prefix="autograder-runtime-"))
+        pkg = root / "autograder"
+        pkg.mkdir()
+        for name in RUNTIME_MODULES:
+            src = PACKAGE_DIR / name
+            if src.exists():
+                shutil.copyfile(src, pkg / name)
+            elif name == "__init__.py":
+                (pkg / name).write_text("")
+            (pkg / name).chmod(0o644)
+        pkg.chmod(0o755)
+        root.chmod(0o755)
+        atexit.register(shutil.rmtree, root, True)
+        _STAGE = root
+        return root
+
+
+# --------------------------------------------------------------------------- paths
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def hidden_paths(extra=()) -> list[str]:
+    """Paths the student's code must not see: the grader's repository and package, the
+    solutions ($AUTOGRADER_SOLUTIONS or <repo>/solutions), $AUTOGRADER_HIDE (os.pathsep
+    separated; results and hidden test data belong here), /work, and `extra`."""
+    paths = [str(REPO_DIR), str(PACKAGE_DIR),
+             os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions"), "/work"]
+    paths += [p for p in os.environ.get("AUTOGRADER_HIDE", "").split(os.pathsep) if p]
+    paths += [os.fspath(p) for p in extra]
+    out = []
+    for p in paths:
+        for q in {os.path.abspath(p), os.path.realpath(p)}:
+            if q != "/" and q not in out:
+                out.append(q)
+    return out
+
+
+def child_sys_path(hidden: list[str]) -> list[str]:
+    """The grader's sys.path minus its repository and anything hidden (no '' either)."""
+    out = []
+    for p in sys.path:
+        if not p:
+            continue
+        p = os.path.abspath(p)
+        if os.path.exists(p) and not any(_under(p, h) or _under(os.path.realpath(p), h)
+                                         for h in hidden) and p not in out:
+            out.append(p)
+    return out
+
+
+def _python_dirs(sys_path: list[str]) -> list[str]:
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+            os.path.dirname(os.path.abspath(sys.executable)),
+            os.path.dirname(os.path.realpath(sys.executable))}
+    dirs.update(sys_path)
+    out = set()
+    for d in dirs:
+        if d and os.path.exists(d):
+            out.add(os.path.abspath(d))
+            out.add(os.path.realpath(d))
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------- bubblewrap
+
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "/" else path.rstrip("/").count("/")
+
+
+def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str], stage: Path,
+                  limits: Limits, variant: int = 0) -> list[str]:
+    """The bwrap command line that runs `python_argv` in the sandbox.
+
+    variant 0 is the full set of options; variant 1 leaves out the ones an older bwrap lacks.
+    """
+    bwrap = shutil.which("bwrap") or "bwrap"
+    root = os.geteuid() == 0
+    args = [bwrap]
+    if root:  # a user namespace would map the sandbox's uid to root outside; drop with setpriv
+        args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                 "--unshare-cgroup-try"]
+    else:
+        args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+                 "--unshare-uts", "--unshare-cgroup-try"]
+        if variant == 0:
+            args += ["--disable-userns"]
+    args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+
+    ops: list[tuple[str, int, list[str]]] = []  # (dest, order at equal path, args)
+    bound: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            ops.append((d, 0, ["--symlink", os.readlink(d), d]))
+        elif os.path.isdir(d):
+            ops.append((d, 0, ["--ro-bind", d, d]))
+            bound.append(d)
+    gpu = sorted(glob.glob("/dev/nvidia*"))
+    sys_dirs = ["/sys"] if gpu else ["/sys/devices/system/cpu"]
+    for d in sys_dirs:
+        if os.path.isdir(d):
+            ops.append((d, 0, ["--ro-bind", d, d]))
+    for d in _python_dirs(sys_path):
+        if any(_under(d, b) for b in bound):
+            continue  # already visible (e.g. /usr/lib/python3)
+        ops.append((d, 0, ["--ro-bind", d, d]))
+    # Hidden paths that lie inside something bound get an empty tmpfs (or /dev/null) on top.
+    visible = [op[0] for op in ops if op[2][0] == "--ro-bind"]
+    for h in hidden:
+        if any(_under(h, v) for v in visible) and os.path.exists(h):
+            if os.path.isdir(h):
+                ops.append((h, 1, ["--tmpfs", h]))
+            else:
+                ops.append((h, 1, ["--ro-bind", "/dev/null", h]))
+    # Directories on the way to a bound path are created 0755 (bwrap would make them 0700).
+    made = set()
+    for dest, _, op in list(ops):
+        if op[0] != "--ro-bind":
+            continue
+        parent = os.path.dirname(dest)
+        chain = []
+        while parent not in ("/", "") and parent not in made:
+            if any(_under(parent, b) for b in bound) or parent in SYSTEM_DIRS:
+                break
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for p in chain:
+            made.add(p)
+            ops.append((p, -1, ["--perms", "0755", "--dir", p]))
+    ops.sort(key=lambda op: (_depth(op[0]), op[1], op[0]))
+    for _, _, op in ops:
+        args += op
+
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for dev in gpu:
+        args += ["--dev-bind", dev, dev]
+    if variant == 0:
+        args += ["--perms", "1777", "--size", str(limits.tmp_size)]
+    args += ["--tmpfs", "/tmp"]
+    if variant != 0:
+        args += ["--chmod", "1777", "/tmp"]
+    args += ["--perms", "0755", "--dir", "/run", "--ro-bind", str(stage), RUNTIME_DEST]
+    args += ["--chdir", "/tmp"]
+    if root:
+        setpriv = shutil.which("setpriv")
+        if setpriv:
+            args += ["--", setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                     "--no-new-privs", "--"]
+        else:
+            args += ["--"]  # the worker drops privileges itself (config "drop")
+    else:
+        args += ["--"]
+    return args + python_argv
+
+
+_PROBE_LOCK = threading.Lock()
+_PROBE: dict = {}
+
+
+def probe_bubblewrap() -> tuple[bool, str, int]:
+    """Whether bubblewrap can run the child here: (ok, why not, variant). Cached per process."""
+    with _PROBE_LOCK:
+        if "result" in _PROBE:
+            return _PROBE["result"]
+        if sys.platform != "linux":
+            result = (False, f"bubblewrap needs Linux (this is {sys.platform})", 0)
+        elif not shutil.which("bwrap"):
+            result = (False, "bubblewrap (bwrap) is not installed", 0)
+        else:
+            result = (False, "", 0)
+            hidden = hidden_paths()
+            sys_path = child_sys_path(hidden)
+            stage = stage_runtime()
+            want_uid = NOBODY if os.geteuid() == 0 else os.getuid()
+            code = ("import os, sys; sys.path[:0] = [%r]; import autograder; "
+                    "print(os.getuid(), os.path.exists(%r))" % (RUNTIME_DEST, str(PACKAGE_DIR)))
+            reasons = []
+            for variant in (0, 1):
+                argv = [sys.executable, "-B", "-c", code]
+                if os.geteuid() == 0 and not shutil.which("setpriv"):
+                    argv = [sys.executable, "-B", "-c",
+                            f"import os; os.setgroups([]); os.setgid({NOBODY}); "
+                            f"os.setuid({NOBODY}); " + code]
+                cmd = bwrap_command(argv, hidden, sys_path, stage, Limits(), variant)
+                try:
+                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                                       stdin=subprocess.DEVNULL, env=_base_env("/tmp", "probe"))
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    reasons.append(str(e))
+                    continue
+                if r.returncode == 0 and r.stdout.split() == [str(want_uid), "False"]:
+                    result = (True, "", variant)
+                    break
+                reasons.append((r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1])
+            if not result[0]:
+                result = (False, "bubblewrap does not work here: " + "; ".join(reasons), 0)
+        _PROBE["result"] = result
+        return result
+
+
+def mark_bubblewrap_broken(reason: str) -> None:
+    """Remember (for this process) that bubblewrap failed to start a child."""
+    with _PROBE_LOCK:
+        _PROBE["result"] = (False, reason, 0)
+
+
+def choose_mode(requested: str | None = None) -> tuple[str, str]:
+    """(mode, note): the sandbox to use, and a sentence for the report when it is the fallback.
+
+    requested: "auto" (default; also $AUTOGRADER_SANDBOX), "bubblewrap" or "none"/"fallback".
+    Asking for bubblewrap where it cannot work raises RuntimeError rather than silently running
+    unsandboxed.
+    """
+    requested = (requested or os.environ.get("AUTOGRADER_SANDBOX") or "auto").lower()
+    if requested in ("none", "fallback", "off"):
+        return "fallback", ("Sandbox: none (AUTOGRADER_SANDBOX=none). The notebook ran as a plain "
+                            "child process with resource limits and timeouts only.")
+    if requested not in ("auto", "bubblewrap", "bwrap"):
+        raise ValueError(f"unknown sandbox mode {requested!r} (auto, bubblewrap or none)")
+    ok, why, _ = probe_bubblewrap()
+    if ok:
+        return "bubblewrap", ""
+    if requested in ("bubblewrap", "bwrap"):
+        raise RuntimeError(f"AUTOGRADER_SANDBOX=bubblewrap, but {why}")
+    return "fallback", (f"Sandbox: fallback ({why}). The notebook ran as a plain child process "
+                        "with resource limits and timeouts, but without namespaces: it could "
+                        "read the grader's files and reach the network. Grade untrusted "
+                        "submissions on Linux with bubblewrap installed.")
+
+
+# --------------------------------------------------------------------------- the child
+
+def _base_env(home: str, token: str) -> dict:
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        "MPLBACKEND": "Agg", "MPLCONFIGDIR": os.path.join(home, ".matplotlib"),
+        "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8:backslashreplace",
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        "AUTOGRADER_CHILD": token,
+    }
+    for key in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+class Child:
+    """One launched worker process and its three pipes (requests in, results out, output out).
+
+    The parent's ends are non-blocking: `req_fd` (write), `res_fd` and `out_fd` (read).
+    """
+
+    def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str):
+        self.mode, self.limits, self.token = mode, limits, token
+        req_r, self.req_fd = os.pipe()
+        self.res_fd, res_w = os.pipe()
+        self.out_fd, out_w = os.pipe()
+        stage = stage_runtime()
+        sys_path = child_sys_path(hidden)
+        root = os.geteuid() == 0
+        drop = None
+        if mode == "bubblewrap":
+            home = "/tmp"
+            runtime = RUNTIME_DEST
+            if root and not shutil.which("setpriv"):
+                drop = [NOBODY, NOBODY]
+        else:
+            home, runtime = workdir, str(stage)
+        gpu = bool(glob.glob("/dev/nvidia*"))
+        config = {
+            "sys_path": [runtime] + sys_path,
+            "drop": drop,
+            "token": token,
+            "threads": limits.threads,
+            "rlimits": {
+                "DATA": limits.memory,
+                "AS": None if gpu else 2 * limits.memory,
+                "CPU": limits.cpu_seconds,
+                "FSIZE": limits.file_size,
+                "CORE": 0,
+                "NOFILE": limits.nofile,
+            },
+            "nproc": limits.nproc,
+            "nproc_relative": mode == "fallback",
+            "subreaper": mode == "fallback",
+        }
+        code = ("import sys; sys.path[:0] = [%r]; from autograder.worker import main; "
+                "main(sys.argv[1:])" % runtime)
+        argv = [sys.executable, "-B", "-u"]
+        if sys.version_info >= (3, 11):
+            argv.append("-P")
+        argv += ["-c", code, str(req_r), str(res_w), json.dumps(config)]
+        if mode == "bubblewrap":
+            _, _, variant = probe_bubblewrap()
+            argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                pass_fds=(req_r, res_w), env=_base_env(home, token), cwd=workdir,
+                start_new_session=True, close_fds=True)
+        finally:
+            for fd in (req_r, res_w, out_w):
+                os.close(fd)
+        for fd in (self.req_fd, self.res_fd, self.out_fd):
+            os.set_blocking(fd, False)
+        self.pid = self.proc.pid
+        self.closed = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """Kill the child and everything it started; close the pipes. Idempotent."""
+        if self.mode == "bubblewrap":
+            # bwrap's PID-1 has PDEATHSIG=SIGKILL; when it dies the kernel kills the namespace.
+            _signal(self.proc.pid, signal.SIGKILL)
+            _killpg(self.proc.pid)
+        else:
+            kill_fallback_tree(self.proc.pid, self.token)
+        self.wait(10)
+        if not self.closed:
+            self.closed = True
+            for fd in (self.req_fd, self.res_fd, self.out_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def exit_description(self) -> str:
+        """Why the child ended, in words."""
+        rc = self.proc.poll()
+        if rc is None:
+            return "is still running"
+        sig = -rc if rc < 0 else (rc - 128 if self.mode == "bubblewrap" and 128 < rc < 160 else 0)
+        if sig:
+            return describe_signal(sig, self.limits)
+        return f"exited with status {rc} (os._exit, sys.exit from a thread, or a fatal error)"
+
+
+def describe_signal(sig: int, limits: Limits) -> str:
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    why = {
+        signal.SIGKILL: f"was killed ({name}), usually by the memory limit "
+                        f"({limits.memory / GiB:g} GiB) or the system running out of memory",
+        signal.SIGSEGV: f"crashed with a segmentation fault ({name})",
+        signal.SIGBUS: f"crashed with a bus error ({name})",
+        signal.SIGABRT: f"aborted ({name})",
+        signal.SIGXCPU: f"used more than {limits.cpu_seconds} s of CPU time ({name})",
+        signal.SIGXFSZ: f"wrote a file larger than {limits.file_size / MiB:g} MiB ({name})",
+        signal.SIGFPE: f"crashed with a floating point exception ({name})",
+    }
+    return why.get(sig, f"was killed by {name}")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _proc_table() -> dict[int, int]:
+    """pid -> parent pid, from /proc (empty where there is no /proc)."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                stat = f.read()
+            table[int(e)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return table
+
+
+def _marked(token: str, pids) -> set[int]:
+    """Processes whose environment carries this child's AUTOGRADER_CHILD token."""
+    needle = f"AUTOGRADER_CHILD={token}".encode()
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read():
+                    out.add(pid)
+        except OSError:
+            pass
+    return out
+
+
+def kill_fallback_tree(root_pid: int, token: str) -> None:
+    """Stop, then kill, the child, its descendants (orphans included: the worker is a child
+    subreaper), its process group, and any process carrying its environment token (a daemon
+    that escaped both). Without /proc only the process group is killed."""
+    me = os.getpid()
+    found: set[int] = set()
+    for _ in range(20):
+        table = _proc_table()
+        new = {root_pid} if root_pid in table or not table else set()
+        frontier = [root_pid]
+        while frontier:
+            p = frontier.pop()
+            for pid, ppid in table.items():
+                if ppid == p and pid not in new:
+                    new.add(pid)
+                    frontier.append(pid)
+        new |= _marked(token, table)
+        new.discard(me)
+        new -= found
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        found |= new
+    _killpg(root_pid)
+    for pid in found:
+        _signal(pid, signal.SIGKILL)
+    _signal(root_pid, signal.SIGKILL)

@@ -1,0 +1,605 @@
+"""The grader's side of running one student's notebook: `StudentSession`.
+
+    with StudentSession(notebook_cells(path)) as session:
+        report = session.start()            # runs the cells; per-cell status and output
+        outcome = session.run(call)         # one graded Call -> Outcome, never raises
+
+The notebook runs in a child process (see `autograder.sandbox` for the two sandbox modes);
+only plain data comes back (`autograder.wire` frames, decoded here into fresh tensors and
+checked field by field), and comparing and scoring happen in this process alone.
+
+Failure handling, all of it local to what failed:
+- a cell that raises (SystemExit included) is reported and the next cell runs;
+- a cell that overruns `cell_timeout` is interrupted inside the child, and the next cell runs;
+  one that cannot be interrupted (it swallows the interrupt, ignores SIGALRM or blocks in C) is
+  killed with the child `grace` seconds later, and a fresh child re-runs the notebook *without*
+  that cell; a cell that crashes the child (os._exit, segfault, a limit) is skipped the same way;
+- a call that overruns gives `Outcome.failure("Timeout", ...)`, a call that kills the child
+  gives `Outcome.failure("Crash", ...)`; the next call gets a fresh child (the notebook re-run
+  without the cells that hung or crashed before), so one bad function costs one exercise.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import fields
+
+import torch
+
+from . import wire
+from .calls import Call, Outcome
+from .sandbox import Child, Limits, choose_mode, hidden_paths
+
+__all__ = ["StudentSession", "Limits"]
+
+_OUTCOME_FIELDS = {f.name for f in fields(Outcome)}
+_MAX_TEXT = 20_000  # longest string accepted in an Outcome from the child
+
+
+class _Budget:
+    def __init__(self, cap: int):
+        self.left = cap
+
+
+class _Capture:
+    """Output of one cell or call: the first bytes the budget allows, and a count of the rest."""
+
+    def __init__(self, budget: _Budget):
+        self.budget, self.kept, self.dropped = budget, bytearray(), 0
+
+    def add(self, data: bytes) -> None:
+        room = max(0, min(len(data), self.budget.left))
+        self.kept += data[:room]
+        self.budget.left -= room
+        self.dropped += len(data) - room
+
+    def text(self) -> str:
+        text = self.kept.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        return text
+
+
+class _Channel:
+    """The parent's view of one child: frames from the result pipe, output split by separator."""
+
+    def __init__(self, child: Child, result_cap: int):
+        self.child = child
+        self.result_cap = min(result_cap, wire.MAX_PAYLOAD)
+        self.results = bytearray()
+        self.results_eof = False
+        self.output_eof = False
+        self.separator = b"\0" + child.token.encode() + b"\0"
+        self.pending = bytearray()  # output not yet attributed (may end in half a separator)
+        self.segment = 0            # how many separators have been seen
+        self.captures: dict[int, _Capture] = {}
+        self.calls = 0              # segments used by calls so far
+
+    # -- output ---------------------------------------------------------------------------
+    def _deliver(self, data: bytes) -> None:
+        capture = self.captures.get(self.segment)
+        if capture is not None and data:
+            capture.add(data)
+
+    def feed_output(self, data: bytes) -> None:
+        self.pending += data
+        while True:
+            i = self.pending.find(self.separator)
+            if i < 0:
+                break
+            self._deliver(bytes(self.pending[:i]))
+            del self.pending[: i + len(self.separator)]
+            self.segment += 1
+        keep = len(self.separator) - 1
+        if len(self.pending) > keep:
+            self._deliver(bytes(self.pending[:-keep]))
+            del self.pending[:-keep]
+
+    def flush_output(self) -> None:
+        self._deliver(bytes(self.pending))
+        self.pending.clear()
+
+    def drain_output(self, limit: int = 8 << 20) -> None:
+        got = 0
+        while not self.output_eof and got < limit:
+            try:
+                data = os.read(self.child.out_fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.output_eof = True
+                self.flush_output()
+                return
+            got += len(data)
+            self.feed_output(data)
+
+    # -- results --------------------------------------------------------------------------
+    def read_results(self) -> None:
+        while not self.results_eof:
+            try:
+                data = os.read(self.child.res_fd, 1 << 20)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.results_eof = True
+                return
+            self.results += data
+            if len(self.results) > self.result_cap + (1 << 20):
+                raise wire.WireError("the child sent more data than the result size limit")
+
+    def next_frame(self):
+        """The next complete frame, decoded; None if incomplete. WireError if malformed."""
+        buf = self.results
+        if len(buf) < 12:
+            if buf and not wire.MAGIC.startswith(bytes(buf[:4])):
+                raise wire.WireError("bad frame magic")
+            return None
+        if bytes(buf[:4]) != wire.MAGIC:
+            raise wire.WireError("bad frame magic")
+        (hlen,) = struct.unpack(">Q", buf[4:12])
+        if hlen > min(wire.MAX_HEADER, self.result_cap):
+            raise wire.WireError(f"result header too large ({hlen} bytes)")
+        if len(buf) < 20 + hlen:
+            return None
+        (plen,) = struct.unpack(">Q", buf[12 + hlen: 20 + hlen])
+        if plen > self.result_cap:
+            raise wire.WireError(f"result too large ({plen} bytes)")
+        end = 20 + hlen + plen
+        if len(buf) < end:
+            return None
+        frame = bytes(buf[:end])
+        del buf[:end]
+        return wire.decode(frame)
+
+
+def _poll_wait(channel: _Channel, deadline: float, write: memoryview | None = None):
+    """Wait until something happens on the child's pipes or the deadline passes."""
+    poller = select.poll()
+    if not channel.results_eof:
+        poller.register(channel.child.res_fd, select.POLLIN)
+    if not channel.output_eof:
+        poller.register(channel.child.out_fd, select.POLLIN)
+    if write is not None:
+        poller.register(channel.child.req_fd, select.POLLOUT)
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return []
+    return poller.poll(max(1, int(remaining * 1000)))
+
+
+class StudentSession:
+    """One student's notebook, running in a sandboxed child process. Thread-safe per instance.
+
+    Args:
+        cells: the notebook's code cells, in order (see `autograder.notebook.notebook_cells`).
+        limits: time, memory and size limits; default `Limits.from_env()`.
+        sandbox: "auto", "bubblewrap" or "none" (default "auto"; $AUTOGRADER_SANDBOX overrides
+            "auto"). Forcing "bubblewrap" where it cannot work raises RuntimeError.
+        hide: more paths the student's code must not see (results files, hidden test data).
+    """
+
+    def __init__(self, cells: list[str], limits: Limits | None = None, sandbox: str = "auto",
+                 hide=()):
+        self.cells = [c if isinstance(c, str) else "" for c in cells]
+        self.limits = limits or Limits.from_env()
+        requested = None if sandbox == "auto" else sandbox
+        self.mode, self.note = choose_mode(requested)
+        self._hidden = hidden_paths(hide)
+        self._lock = threading.RLock()
+        self._child: Child | None = None
+        self._channel: _Channel | None = None
+        self._skip: set[int] = set()
+        self._report: dict | None = None
+        self._start_error: str | None = None
+        self._closed = False
+        self._call_id = 0
+        self._workdir = tempfile.mkdtemp(prefix="autograder-session-")
+        os.chmod(self._workdir, 0o700)
+        self.last_output = ""   # what the last call printed (capped)
+        self.children = 0       # how many child processes this session started
+        self.startup_seconds: list[float] = []  # each child's start-up (Python + torch import)
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> "StudentSession":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- public API -----------------------------------------------------------------------
+    def start(self) -> dict:
+        """Run the notebook's cells (once; later calls return the same report).
+
+        Returns:
+            {"mode": "bubblewrap"|"fallback", "note": str ("" unless the fallback is used),
+             "error": None or why the notebook could not run at all,
+             "cells": [{"cell": n (1-based, code cells only), "status": "ok"|"error"|"timeout"|
+                        "crash"|"not run", "error": None or {"type", "message", "where"},
+                        "seconds": float, "output": str (capped)}],
+             "startup_seconds": float, "seconds": float}
+        """
+        with self._lock:
+            if self._report is not None:
+                return self._report
+            t0 = time.monotonic()
+            budget = _Budget(self.limits.output_cap)
+            report = {n: None for n in range(1, len(self.cells) + 1)}
+            captures: dict[int, _Capture] = {}
+            error = None
+            end = t0 + self.limits.notebook_timeout
+            for _attempt in range(len(self.cells) + 2):
+                error = self._spawn()
+                if error:
+                    break
+                result = self._run_cells(report, captures, budget, end)
+                if result == "done":
+                    break
+            else:
+                error = "the notebook crashed the grading process too many times"
+            if error:
+                self._start_error = error
+                self._kill()
+            cells = []
+            for n in range(1, len(self.cells) + 1):
+                entry = report[n] or {"cell": n, "status": "not run", "error": None, "seconds": 0.0}
+                if n in captures:
+                    entry["output"] = captures[n].text()
+                entry.setdefault("output", "")
+                cells.append(entry)
+            self._report = {
+                "mode": self.mode, "note": self.note, "error": error, "cells": cells,
+                "startup_seconds": self.startup_seconds[0] if self.startup_seconds else None,
+                "seconds": time.monotonic() - t0,
+            }
+            return self._report
+
+    def run(self, call: Call, timeout: float | None = None) -> Outcome:
+        """Run one Call in the child. Never raises: a hang, a crash or malformed data from the
+        child becomes an Outcome with error type "Timeout" or "Crash"."""
+        with self._lock:
+            try:
+                return self._run(call, timeout)
+            except Exception as e:  # a bug here must not stop the grading of the others
+                self._kill()
+                return Outcome.failure("Crash", f"the grader could not run this test "
+                                       f"({type(e).__name__}: {e})")
+
+    def close(self) -> None:
+        """Kill the child and every process it started; remove the session's files."""
+        with self._lock:
+            self._closed = True
+            self._kill()
+            if self._workdir:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+                self._workdir = None
+
+    # -- internals ------------------------------------------------------------------------
+    def _spawn(self) -> str | None:
+        """Start a child and wait until it is ready; None on success, else why not."""
+        self._kill()
+        last = ""
+        for _ in range(2):  # one retry: a start-up failure is not the student's doing
+            t0 = time.monotonic()
+            child = Child(self.mode, self.limits, self._hidden, self._workdir or "/",
+                          secrets.token_hex(16))
+            channel = _Channel(child, self.limits.result_cap)
+            startup = _Capture(_Budget(4096))
+            channel.captures[0] = startup
+            self._child, self._channel = child, channel
+            self.children += 1
+            event = self._next_event(t0 + self.limits.startup_timeout)
+            if isinstance(event, dict) and event.get("event") == "ready":
+                self.startup_seconds.append(time.monotonic() - t0)
+                return None
+            self._kill()
+            channel.flush_output()
+            detail = startup.text().strip().splitlines()[-3:]
+            why = ("did not start within %g s" % self.limits.startup_timeout
+                   if event == "timeout" else child.exit_description())
+            last = f"the grading process {why}" + (": " + " | ".join(detail) if detail else "")
+        return last
+
+    def _kill(self) -> None:
+        if self._child is not None:
+            self._child.kill()
+            if self._channel is not None:
+                self._channel.drain_output()
+                self._channel.flush_output()
+        self._child = None
+
+    def _next_event(self, deadline: float):
+        """The child's next frame (a dict), or "timeout", "dead" or ("malformed", why)."""
+        ch = self._channel
+        while True:
+            try:
+                event = ch.next_frame()
+            except (wire.WireError, ValueError) as e:
+                return ("malformed", str(e))
+            if event is not None:
+                if not isinstance(event, dict):
+                    return ("malformed", "a result that is not a record")
+                return event
+            if ch.results_eof:
+                ch.drain_output()
+                self._child.wait(2)
+                return "dead"
+            if time.monotonic() >= deadline:
+                return "timeout"
+            ready = {fd for fd, _ in _poll_wait(ch, deadline)}
+            if self._child.out_fd in ready:
+                ch.drain_output()
+            if self._child.res_fd in ready:
+                try:
+                    ch.read_results()
+                except wire.WireError as e:
+                    return ("malformed", str(e))
+
+    def _send(self, message: dict, deadline: float) -> bool:
+        """Write one frame to the child; False if it died or would not read in time."""
+        view = memoryview(wire.encode(message))
+        ch = self._channel
+        while view:
+            try:
+                n = os.write(self._child.req_fd, view)
+                view = view[n:]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            ready = {fd for fd, _ in _poll_wait(ch, deadline, write=view)}
+            if self._child.out_fd in ready:
+                ch.drain_output()
+            if self._child.res_fd in ready:
+                try:
+                    ch.read_results()
+                except wire.WireError:
+                    return False
+                if ch.results_eof:
+                    return False
+        return True
+
+    def _run_cells(self, report: dict | None, captures: dict, budget: _Budget | None,
+                   end: float) -> str:
+        """Run the notebook in the current child: "done", or "restart" after the child hung or
+        died (the culprit cell is added to the skip set)."""
+        limits = self.limits
+        ch = self._channel
+        numbers = list(range(1, len(self.cells) + 1))
+        if report is not None:
+            for n in numbers:
+                if report[n] is None:
+                    captures[n] = ch.captures[n] = _Capture(budget)
+        left = max(0.0, end - time.monotonic())
+        if not self._send({"op": "cells", "cells": self.cells, "skip": sorted(self._skip),
+                           "timeout": limits.cell_timeout, "budget": left},
+                          time.monotonic() + 30):
+            return self._lost(report, None, "dead")
+        expected = 1
+        while True:
+            running = expected if expected <= len(self.cells) else None
+            per_cell = min(limits.cell_timeout, max(0.0, end - time.monotonic()))
+            event = self._next_event(time.monotonic() + per_cell + limits.grace)
+            if isinstance(event, dict):
+                kind = event.get("event")
+                if kind == "cell" and event.get("cell") == expected:
+                    if report is not None and report[expected] is None:
+                        report[expected] = self._cell_entry(event, expected)
+                    expected += 1
+                    continue
+                if kind == "cells_done" and running is None:
+                    return "done"
+                event = ("malformed", f"unexpected message {str(kind)[:40]!r}")
+            return self._lost(report, running, event)
+
+    def _lost(self, report, running, event) -> str:
+        """The child hung, died or sent garbage while running cell `running`."""
+        if isinstance(event, tuple):
+            self._kill()
+            message = ("sent the grader malformed data (" + event[1][:200] + ")")
+        elif event == "timeout":
+            self._kill()
+            message = (f"ran longer than {self.limits.cell_timeout:g} s and could not be "
+                       "interrupted, so the grader stopped it")
+        else:
+            child = self._child
+            self._kill()
+            message = "crashed the grading process: it " + (
+                child.exit_description() if child else "ended")
+        culprit = running if running is not None else max(
+            [n for n in range(1, len(self.cells) + 1) if n not in self._skip] or [0])
+        if culprit:
+            self._skip.add(culprit)
+            if report is not None and report.get(culprit) is None:
+                report[culprit] = {"cell": culprit,
+                                   "status": "timeout" if event == "timeout" else "crash",
+                                   "error": {"type": "Timeout" if event == "timeout" else "Crash",
+                                             "message": f"this cell {message}. The cells after it "
+                                             "ran in a fresh process without it.",
+                                             "where": f"<cell {culprit}>"},
+                                   "seconds": 0.0}
+        return "restart"
+
+    @staticmethod
+    def _cell_entry(event: dict, number: int) -> dict:
+        status = event.get("status")
+        if status not in ("ok", "error", "timeout", "skipped", "not run"):
+            status = "error"
+        error = _plain_error(event.get("error"))
+        seconds = event.get("seconds")
+        return {"cell": number, "status": status, "error": error,
+                "seconds": float(seconds) if isinstance(seconds, (int, float)) else 0.0}
+
+    def _ensure_child(self) -> str | None:
+        """A live child that has run the notebook (minus skipped cells); None or why not."""
+        if self._child is not None and self._child.alive() and not self._channel.results_eof:
+            return None
+        end = time.monotonic() + self.limits.notebook_timeout
+        for _attempt in range(len(self.cells) + 2):
+            error = self._spawn()
+            if error:
+                return error
+            if self._run_cells(None, {}, None, end) == "done":
+                return None
+        return "the notebook crashed the grading process too many times"
+
+    def _run(self, call: Call, timeout: float | None) -> Outcome:
+        if self._closed:
+            return Outcome.failure("Crash", "the session is closed")
+        if self._report is None:
+            self.start()
+        if self._start_error:
+            return Outcome.failure("Crash", f"the notebook could not be run: {self._start_error}")
+        error = self._ensure_child()
+        if error:
+            return Outcome.failure("Crash", f"the notebook could not be run again after a crash: "
+                                   f"{error}")
+        timeout = float(timeout if timeout is not None else self.limits.call_timeout)
+        ch = self._channel
+        self._call_id += 1
+        ch.calls += 1
+        capture = ch.captures[len(self.cells) + ch.calls] = _Capture(_Budget(self.limits.output_cap))
+        t0 = time.monotonic()
+        deadline = t0 + timeout + self.limits.grace
+        name = f"`{call.target}`" + (f".{call.method}" if call.method else "")
+        if not self._send({"op": "call", "id": self._call_id, "call": call.to_plain(),
+                           "timeout": timeout}, deadline):
+            event = "dead"
+        else:
+            event = self._next_event(deadline)
+        if isinstance(event, dict) and event.get("event") == "outcome" \
+                and event.get("id") == self._call_id:
+            outcome = _validated(event.get("outcome"))
+            if outcome is None:
+                self._kill()
+                outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data; "
+                                          "the grading process was restarted")
+        elif event == "timeout":
+            self._kill()
+            outcome = Outcome.failure(
+                "Timeout", f"{name} took longer than {timeout:g} s and could not be "
+                "interrupted, so the grader stopped it (an infinite loop?)")
+        elif event == "dead":
+            child = self._child
+            self._kill()
+            outcome = Outcome.failure(
+                "Crash", f"{name} crashed the grading process: it "
+                f"{child.exit_description() if child else 'ended'}. The next test starts a "
+                "fresh process.")
+        else:
+            why = event[1] if isinstance(event, tuple) else "an unexpected message"
+            self._kill()
+            outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data ({why[:200]})")
+        if outcome.seconds == 0.0 and outcome.error and outcome.error.get("type") in ("Timeout", "Crash"):
+            outcome.seconds = time.monotonic() - t0
+        if self._channel is not None:
+            self._channel.drain_output()
+        self.last_output = capture.text()
+        return outcome
+
+
+# ------------------------------------------------------------------------------ validation
+
+def _text(x, limit: int = _MAX_TEXT) -> str:
+    if not isinstance(x, str):
+        raise TypeError("expected a string")
+    return x if len(x) <= limit else x[:limit] + " …"
+
+
+def _plain_error(err) -> dict | None:
+    if err is None:
+        return None
+    if not isinstance(err, dict):
+        return {"type": "Error", "message": "(unreadable error)", "where": ""}
+    out = {}
+    for key in ("type", "message", "where"):
+        value = err.get(key, "")
+        out[key] = value[:_MAX_TEXT] if isinstance(value, str) else ""
+    mro = err.get("mro")
+    if isinstance(mro, list) and all(isinstance(m, str) for m in mro):
+        out["mro"] = [m[:200] for m in mro[:50]]
+    return out
+
+
+def _tensor_or_none(x):
+    if x is None:
+        return None
+    if type(x) is not torch.Tensor:  # decode makes plain tensors; anything else is forged
+        raise TypeError("expected a tensor")
+    return x
+
+
+def _validated(d) -> Outcome | None:
+    """An Outcome built from the child's plain data, or None when it is not well formed.
+
+    The child is untrusted: every field is checked for type, strings are capped, and only
+    plain tensors (the wire decoder's own) are accepted.
+    """
+    try:
+        if not isinstance(d, dict) or not set(d) <= _OUTCOME_FIELDS:
+            return None
+        out = Outcome()
+        if d.get("error") is not None:
+            out.error = _plain_error(d["error"])
+        out.returned = _text(d.get("returned", ""), 500)
+        outputs = d.get("outputs", [])
+        meta = d.get("meta", [])
+        if not isinstance(outputs, list) or not isinstance(meta, list) or len(outputs) > 1000:
+            return None
+        out.outputs = [_tensor_or_none(x) for x in outputs]
+        for m in meta:
+            if not isinstance(m, dict):
+                return None
+            clean = {}
+            for k, v in m.items():
+                if k == "shape":
+                    if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
+                        return None
+                    clean[k] = v
+                elif k in ("dtype", "device", "type"):
+                    clean[k] = _text(v, 200)
+            out.meta.append(clean)
+        grads = d.get("grads", {})
+        if not isinstance(grads, dict):
+            return None
+        out.grads = {_text(k, 500): _tensor_or_none(v) for k, v in grads.items()}
+        params = d.get("params")
+        if params is not None:
+            if not isinstance(params, dict):
+                return None
+            out.params = {}
+            for k, v in params.items():
+                if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
+                    return None
+                out.params[_text(k, 500)] = v
+        if d.get("load_error") is not None:
+            out.load_error = _text(d["load_error"])
+        for key in ("inputs_modified", "forbidden"):
+            value = d.get(key, [])
+            if not isinstance(value, list):
+                return None
+            setattr(out, key, [_text(v, 500) for v in value[:100]])
+        seconds = d.get("seconds", 0.0)
+        out.seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+        return out
+    except (TypeError, ValueError, AttributeError):
+        return None

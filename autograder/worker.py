@@ -1,0 +1,342 @@
+"""The child process: runs a student's notebook cells, then answers graded calls.
+
+Started by `autograder.sandbox.Child` as
+    python -B -u -P -c "...; from autograder.worker import main; main(sys.argv[1:])" REQ RES CONFIG
+with REQ a pipe to read requests from, RES a pipe to write results to (never stdout: student
+code prints), CONFIG a JSON object (sys.path, limits, the output separator token). stdout and
+stderr go to a third pipe that the parent reads with a size cap.
+
+Protocol (every message is an `autograder.wire` frame, never pickle):
+    child  -> {"event": "ready", "pid", "uid", "seconds"}     once torch is imported
+    parent -> {"op": "cells", "cells": [source, ...], "skip": [cell numbers], "timeout": s,
+               "budget": s}                                  (budget: all cells together)
+    child  -> {"event": "cell", "cell": n, "status": "ok"|"error"|"timeout"|"skipped"|"not run",
+               "error": {...} | None, "seconds"}              one per cell, numbered from 1
+    child  -> {"event": "cells_done"}
+    parent -> {"op": "call", "id": k, "call": Call.to_plain(), "timeout": s}
+    child  -> {"event": "outcome", "id": k, "outcome": Outcome.to_plain()}
+After every cell and every call the child writes "\\0<token>\\0" to stdout, so the parent can
+tell which output belongs to which cell. The child ends when the request pipe closes.
+
+Timeouts: SIGALRM raises `Interrupted` (a BaseException, so `except Exception` in student code
+does not swallow it) when a cell or call overruns, and again every 0.2 s until it unwinds. Code
+that catches BaseException, ignores SIGALRM or blocks in C is stopped by the parent, which kills
+the child `grace` seconds later.
+"""
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import signal
+import sys
+import time
+import types
+
+
+class Interrupted(BaseException):
+    """Raised by SIGALRM in the cell or call that overran its time."""
+
+
+_deadline: float | None = None
+_MAIN_PID = os.getpid()
+
+
+def _on_alarm(signum, frame):
+    if _deadline is not None and time.monotonic() >= _deadline - 0.005:
+        raise Interrupted()
+
+
+def guarded(fn, timeout: float):
+    """Run fn() with a timeout: (status, value, exception); status "ok", "error" or "timeout"."""
+    global _deadline
+    try:
+        try:
+            signal.signal(signal.SIGALRM, _on_alarm)  # re-installed: student code may change it
+            _deadline = time.monotonic() + timeout
+            signal.setitimer(signal.ITIMER_REAL, max(timeout, 0.001), 0.2)
+            value = fn()
+            return "ok", value, None
+        finally:
+            _deadline = None
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    except Interrupted:
+        return "timeout", None, None
+    except BaseException as e:  # SystemExit, KeyboardInterrupt and everything else
+        return "error", None, e
+
+
+def _not_main():
+    """A process the student forked has come back into the worker: it must not answer."""
+    if os.getpid() != _MAIN_PID:
+        os._exit(0)
+
+
+class _IPythonStub:
+    """What `get_ipython()` returns in the grader: every method does nothing and returns None."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _nothing
+
+    def __repr__(self):
+        return "<grader stub for get_ipython(): magics and shell commands do nothing>"
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+_IPYTHON = _IPythonStub()
+
+
+def _get_ipython():
+    return _IPYTHON
+
+
+def _display(*objs, **kwargs):
+    for obj in objs:
+        print(repr(obj))
+
+
+def _prepare(config: dict) -> None:
+    """Before anything else: drop privileges (if asked), set sys.path and the hard limits."""
+    drop = config.get("drop")
+    if drop:
+        os.setgroups([])
+        os.setgid(drop[1])
+        os.setuid(drop[0])
+        _prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
+    sys.path[:] = config["sys_path"]
+    if config.get("subreaper"):
+        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the student's code stay ours
+    os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _set_limits(config: dict) -> None:
+    try:
+        import resource
+    except ImportError:  # not on Linux/macOS
+        return
+    for name, value in config["rlimits"].items():
+        res = getattr(resource, f"RLIMIT_{name}", None)
+        if res is None or value is None:
+            continue
+        try:
+            soft, hard = resource.getrlimit(res)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(res, (value, value))
+        except (ValueError, OSError):
+            pass
+    nproc = config.get("nproc")
+    res = getattr(resource, "RLIMIT_NPROC", None)
+    if nproc and res is not None and os.getuid() != 0:
+        if config.get("nproc_relative"):
+            nproc += _tasks_of(os.getuid())
+        try:
+            resource.setrlimit(res, (nproc, nproc))
+        except (ValueError, OSError):
+            pass
+
+
+def _tasks_of(uid: int) -> int:
+    """Tasks (threads included) this user already runs; RLIMIT_NPROC counts them all."""
+    count = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            count += int(fields.get("Threads", "1").strip() or 1)
+    return count
+
+
+def _reap() -> None:
+    """Collect exited children of the student's code, so zombies do not use up the process limit."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except OSError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv: list[str]) -> None:
+    start = time.perf_counter()
+    req_fd, res_fd, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
+    _prepare(config)
+
+    import torch
+
+    torch.set_num_threads(max(1, int(config.get("threads", 1))))
+    from . import execute as _execute_module
+    from .calls import Call, Outcome
+    from .execute import describe_error, execute
+
+    _skip_dynamo_import(_execute_module)
+    from .wire import WireError, encode, read_frame
+
+    separator = b"\0" + config["token"].encode() + b"\0"
+    requests = os.fdopen(req_fd, "rb")
+    results = os.fdopen(res_fd, "wb", buffering=0)
+
+    def send(message: dict) -> None:
+        _not_main()
+        try:
+            frame = encode(message)
+        except (WireError, TypeError, ValueError) as e:
+            if message.get("event") != "outcome":
+                raise
+            frame = encode({"event": "outcome", "id": message["id"], "outcome": Outcome.failure(
+                "TypeError", f"the result cannot be sent to the grader: {e}").to_plain()})
+        view = memoryview(frame)
+        while view:
+            n = os.write(results.fileno(), view)
+            view = view[n:]
+
+    def end_of_output() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        try:
+            os.write(1, separator)
+        except OSError:
+            pass
+
+    def error_of(exc: BaseException) -> dict:
+        try:
+            return describe_error(exc)
+        except BaseException:
+            return {"type": _safe_name(exc), "message": "(the exception could not be printed)",
+                    "where": ""}
+
+    module = types.ModuleType("__main__")
+    namespace = module.__dict__
+    namespace.update(__builtins__=builtins, get_ipython=_get_ipython, display=_display)
+    sys.modules["__main__"] = module
+
+    _set_limits(config)
+    send({"event": "ready", "pid": os.getpid(), "uid": os.getuid(),
+          "seconds": time.perf_counter() - start})
+    end_of_output()
+
+    while True:
+        try:
+            message = read_frame(requests)
+        except (EOFError, OSError, WireError):
+            break
+        op = message.get("op") if isinstance(message, dict) else None
+        if op == "cells":
+            skip = set(message.get("skip", []))
+            timeout = float(message["timeout"])
+            budget_end = time.monotonic() + float(message.get("budget", 1e9))
+            for number, source in enumerate(message["cells"], 1):
+                left = budget_end - time.monotonic()
+                if number in skip or left <= 0:
+                    end_of_output()
+                    send({"event": "cell", "cell": number,
+                          "status": "skipped" if number in skip else "not run", "error": None,
+                          "seconds": 0.0})
+                    continue
+                t0 = time.perf_counter()
+                cell_timeout = min(timeout, left)
+
+                def run_cell(source=source, number=number):
+                    exec(compile(source, f"<cell {number}>", "exec", dont_inherit=True), namespace)
+
+                status, _, exc = guarded(run_cell, cell_timeout)
+                _not_main()
+                _reap()
+                error = None
+                if status == "error":
+                    error = error_of(exc)
+                elif status == "timeout":
+                    error = {"type": "Timeout", "where": f"<cell {number}>", "message": (
+                        f"the cell ran longer than {cell_timeout:.3g} s and was interrupted"
+                        if cell_timeout >= timeout else "the notebook's time budget ran out "
+                        "during this cell, which was interrupted")}
+                end_of_output()
+                send({"event": "cell", "cell": number, "status": status, "error": error,
+                      "seconds": time.perf_counter() - t0})
+            send({"event": "cells_done"})
+        elif op == "call":
+            timeout = float(message["timeout"])
+            status = "error"
+            try:
+                call = Call.from_plain(message["call"])
+            except Exception as e:
+                outcome = Outcome.failure("GraderError", f"malformed call: {e}")
+            else:
+                status, outcome, exc = guarded(
+                    lambda: execute(namespace, call, reraise=(Interrupted,)), timeout)
+                _not_main()
+                _reap()
+                if status == "timeout":
+                    outcome = Outcome.failure(
+                        "Timeout", f"`{call.target}` took longer than {timeout:g} s and was "
+                        "interrupted (an infinite loop, or far too much work?)")
+                elif status == "error":
+                    outcome = Outcome.failure("GraderError", f"the call failed: {error_of(exc)}")
+            try:
+                plain = outcome.to_plain()
+            except BaseException as e:
+                plain = Outcome.failure("GraderError", f"the result could not be read: "
+                                        f"{_safe_name(e)}").to_plain()
+            end_of_output()
+            send({"event": "outcome", "id": message.get("id"), "outcome": plain})
+            if status == "timeout" and _modes_left(torch):
+                os._exit(0)  # interrupted inside the op recorders: start afresh next time
+        else:
+            break
+    os._exit(0)  # no atexit handlers, no waiting for the student's threads
+
+
+def _skip_dynamo_import(module) -> None:
+    """TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose
+    first call imports torch._dynamo: 1.3-1.8 s per child, more than importing torch. The
+    recorder is never compiled, so unwrap it (a no-op once execute.py opts out itself)."""
+    for cls in vars(module).values():
+        try:
+            wrapped = cls.__dict__["__torch_dispatch__"].__wrapped__
+        except (AttributeError, KeyError, TypeError):
+            continue
+        cls.__torch_dispatch__ = wrapped
+
+
+def _modes_left(torch) -> bool:
+    """Whether an interrupted call left a torch function/dispatch mode pushed."""
+    try:
+        from torch.utils._python_dispatch import _len_torch_dispatch_stack
+
+        return bool(torch._C._len_torch_function_stack() or _len_torch_dispatch_stack())
+    except Exception:
+        return False
+
+
+def _safe_name(obj) -> str:
+    try:
+        return str(type(obj).__name__)[:100]
+    except BaseException:
+        return "Exception"
