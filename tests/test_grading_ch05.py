@@ -1,0 +1,176 @@
+"""Chapter 5 grading: the reference scores full marks, realistic mistakes lose credit on the
+exercise they touch only, hints name the mistake, equivalent formulations score full marks, and
+the quick (self-check) cases are fast."""
+import textwrap
+import time
+
+import pytest
+
+from autograder.cases import build_cases
+from autograder.contract import CHAPTERS
+from autograder.execute import execute
+from autograder.grading import Grader
+from autograder.inputs import SELF_CHECK_SEED
+from autograder.references import load_reference
+
+CH = "05_masks"
+GRADER = Grader(device="cpu")
+
+
+def namespace(src: str = "") -> dict:
+    """The reference namespace with `src` (redefining some exercises) executed on top of it.
+    The reference functions keep their own globals, so only the redefined names change."""
+    ns = dict(load_reference(CH))
+    exec(textwrap.dedent(src), ns)
+    return ns
+
+
+def grade(ns: dict) -> dict:
+    """exercise -> {"score", "max", "cpu"/"meta" (score, max), "first" (first CPU failure), "tests"}."""
+    out = {}
+    for t in GRADER.grade_namespace(CHAPTERS[CH], ns):
+        e = out.setdefault(t.exercise, {"score": 0.0, "max": 0.0, "first": None, "tests": []})
+        e["score"] += t.score
+        e["max"] += t.max_score
+        e[t.device] = (t.score, t.max_score)
+        e["tests"].append(t)
+        if t.device == "cpu":
+            e["first"] = t.first_failure
+    return out
+
+
+def full(e) -> bool:
+    return abs(e["score"] - e["max"]) < 1e-9
+
+
+def failures(e) -> list:
+    return [(t.device, c.case, c.message) for t in e["tests"] for c in t.cases if not c.passed]
+
+
+def test_reference_scores_full_marks():
+    result = grade(namespace())
+    assert set(result) == {ex.name for ex in CHAPTERS[CH].exercises}
+    for name, e in result.items():
+        assert full(e), (name, failures(e))
+
+
+def causal(body):
+    return f"def causal_mask(seq_len, device=None):\n    return {body}\n"
+
+
+def padding(body):
+    return f"def padding_mask(tokens, pad_id=0):\n    return {body}\n"
+
+
+def decoder(body):
+    return (f"def decoder_mask(tokens, pad_id=0):\n    L = tokens.shape[1]\n"
+            f"    keep = tokens != pad_id\n    tri = torch.ones(L, L, dtype=torch.bool, device=tokens.device)\n"
+            f"    return {body}\n")
+
+
+# (id, exercise, source, words the hint of the first CPU failure must contain, or None)
+BUGGY = [
+    ("causal-inverted", "causal_mask",
+     causal("torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)"), "inverted"),
+    ("causal-upper-triangle", "causal_mask",
+     causal("torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu()"), "upper triangle"),
+    ("causal-diagonal-excluded", "causal_mask",
+     causal("torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril(-1)"), "diagonal must be True"),
+    ("causal-additive-float", "causal_mask",
+     causal("torch.full((seq_len, seq_len), float('-inf'), device=device).triu(1)"), "boolean mask"),
+    ("causal-int", "causal_mask",
+     causal("torch.ones(seq_len, seq_len, dtype=torch.long, device=device).tril()"), "boolean mask"),
+    ("causal-batch-dim", "causal_mask",
+     causal("torch.ones(1, seq_len, seq_len, dtype=torch.bool, device=device).tril()"), None),
+    ("padding-shape-B-L", "padding_mask", padding("tokens != pad_id"), "(B, 1, 1, L)"),
+    ("padding-shape-B-1-L", "padding_mask", padding("(tokens != pad_id).unsqueeze(1)"), "(B, 1, 1, L)"),
+    ("padding-shape-B-L-1-1", "padding_mask", padding("(tokens != pad_id)[:, :, None, None]"), "(B, 1, 1, L)"),
+    ("padding-inverted", "padding_mask", padding("(tokens == pad_id)[:, None, None, :]"), "inverted"),
+    ("padding-ignores-pad-id", "padding_mask", padding("(tokens != 0)[:, None, None, :]"),
+     "pad_id argument is ignored"),
+    ("padding-bool-cast", "padding_mask", padding("tokens.bool()[:, None, None, :]"),
+     "pad_id argument is ignored"),
+    ("padding-float", "padding_mask", padding("(tokens != pad_id).float()[:, None, None, :]"), "boolean mask"),
+    ("padding-assumes-right-padding", "padding_mask", padding(
+        "(torch.arange(tokens.shape[1], device=tokens.device) < (tokens != pad_id).sum(1, keepdim=True))"
+        "[:, None, None, :]"), None),
+    ("decoder-or", "decoder_mask", decoder("keep[:, None, None, :] | tri.tril()"), "OR"),
+    ("decoder-causal-only", "decoder_mask", decoder("tri.tril().expand(tokens.shape[0], 1, L, L)"),
+     "padding is missing"),
+    ("decoder-padding-only", "decoder_mask", decoder("keep[:, None, None, :].expand(-1, 1, L, L)"),
+     "causal part is missing"),
+    ("decoder-padding-on-queries", "decoder_mask", decoder("keep[:, None, :, None] & tri.tril()"),
+     "padded query rows are masked"),  # with right padding; left padding tells it apart, below
+    ("decoder-padding-on-both-axes", "decoder_mask",
+     decoder("keep[:, None, :, None] & keep[:, None, None, :] & tri.tril()"), "padded query rows are masked too"),
+    ("decoder-upper-triangle", "decoder_mask", decoder("keep[:, None, None, :] & tri.triu()"), "upper triangle"),
+    ("decoder-inverted", "decoder_mask", decoder("~(keep[:, None, None, :] & tri.tril())"), "inverted"),
+    ("decoder-shape-B-L-L", "decoder_mask", decoder("keep[:, None, :] & tri.tril()"), "(B, 1, L, L)"),
+    ("decoder-ignores-pad-id", "decoder_mask", decoder("padding_mask(tokens) & causal_mask(L, tokens.device)"),
+     "pad_id argument is ignored"),
+    ("decoder-diagonal-excluded", "decoder_mask", decoder("keep[:, None, None, :] & tri.tril(-1)"),
+     "diagonal"),
+]
+
+
+@pytest.mark.parametrize("name, exercise, src, words", BUGGY, ids=[b[0] for b in BUGGY])
+def test_buggy_implementation_loses_credit_on_its_exercise_only(name, exercise, src, words):
+    result = grade(namespace(src))
+    assert result[exercise]["score"] < result[exercise]["max"]
+    for other, e in result.items():
+        if other != exercise:
+            assert full(e), (other, failures(e))
+    if words:
+        first = result[exercise]["first"]
+        assert first is not None and first.hint and words in first.hint, (first.case, first.message, first.hint)
+
+
+def test_padding_on_queries_instead_of_keys_is_named_where_left_padding_tells_them_apart():
+    src = next(b[2] for b in BUGGY if b[0] == "decoder-padding-on-queries")
+    e = grade(namespace(src))["decoder_mask"]
+    cpu = next(t for t in e["tests"] if t.device == "cpu")
+    left = next(c for c in cpu.cases if c.case.startswith("left padding"))
+    assert not left.passed and "instead of the key columns" in left.hint
+
+
+@pytest.mark.parametrize("exercise, src", [
+    ("causal_mask", causal("torch.ones(seq_len, seq_len, dtype=torch.bool).tril()")),       # device ignored
+    ("decoder_mask", decoder("padding_mask(tokens, pad_id) & causal_mask(L)")),            # causal on the CPU
+])
+def test_ignoring_the_device_loses_only_the_portability_test(exercise, src):
+    e = grade(namespace(src))[exercise]
+    assert e["cpu"][0] == e["cpu"][1]
+    assert e["meta"][0] < e["meta"][1]
+    meta = next(t for t in e["tests"] if t.device == "meta").first_failure
+    assert meta.hint and "device" in meta.hint
+
+
+CORRECT = [
+    ("causal-arange-compare", causal(
+        "torch.arange(seq_len, device=device)[:, None] >= torch.arange(seq_len, device=device)")),
+    ("causal-not-triu", causal("~torch.triu(torch.ones(seq_len, seq_len, device=device), 1).bool()")),
+    ("padding-ne-view", padding("tokens.ne(pad_id).view(tokens.shape[0], 1, 1, tokens.shape[1])")),
+    ("decoder-logical-and-expand", decoder(
+        "torch.logical_and(keep.view(-1, 1, 1, L), torch.tril(tri)).expand(tokens.shape[0], 1, L, L)")),
+    ("decoder-own-helpers", decoder("padding_mask(tokens, pad_id) & causal_mask(L, device=tokens.device)")),
+]
+
+
+@pytest.mark.parametrize("name, src", CORRECT, ids=[c[0] for c in CORRECT])
+def test_equivalent_implementations_score_full_marks(name, src):
+    result = grade(namespace(src))
+    for ex, e in result.items():
+        assert full(e), (ex, failures(e))
+
+
+def test_quick_cases_run_in_well_under_a_second():
+    ref = load_reference(CH)
+    execute(ref, build_cases(CH, "decoder_mask", ref, seed=SELF_CHECK_SEED, quick=True)[0])  # warm-up
+    start = time.perf_counter()
+    for ex in CHAPTERS[CH].exercises:
+        calls = build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
+        assert 2 <= len(calls) <= 3
+        for c in calls:
+            execute(ref, c)
+            execute(ref, c.on("meta", "float32"))
+    assert time.perf_counter() - start < 1.0
