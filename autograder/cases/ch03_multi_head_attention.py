@@ -1,0 +1,535 @@
+"""Chapter 3: split_heads, merge_heads, MultiHeadAttention and MultiHeadSelfAttention.
+
+The cases follow the contract (shared/exercise-api.md): split/merge run unbatched and with extra
+leading dimensions; the modules run self- and cross-attention (key only, key and value),
+L_q != L_k, every mask layout the contract names (bool and float, fully masked rows), bias=False,
+odd sizes, float32, the ValueError, and dropout in eval mode (it must be off) and in training
+mode with p = 0 (it must equal eval). Every parameter gets its own random values, so a swapped
+layer shows.
+
+Dropout in training mode with p > 0 cannot be compared value for value (the student's random
+stream need not match the reference's), so `dropout_properties` checks what must hold whatever
+the stream: each weight is either dropped (0) or kept and scaled by 1/(1-p), about p of them are
+dropped, and the output is the one those very weights give. It is used by `compare` below, which
+the framework calls for this chapter when it supports chapter comparisons (see `compare`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import torch
+
+from ..compare import Mismatch, compare_meta
+from ..compare import compare as compare_values
+from ..inputs import bool_mask, distinct_state, float_mask, randn
+from . import call
+
+DROPOUT_P = 0.5
+
+
+def cases(exercise, gen, ref, quick):
+    if exercise == "split_heads":
+        return _split_cases(gen, quick)
+    if exercise == "merge_heads":
+        return _merge_cases(gen, quick)
+    if exercise == "MultiHeadAttention":
+        return _mha_cases(gen, ref, quick)
+    if exercise == "MultiHeadSelfAttention":
+        return _mhsa_cases(gen, ref, quick)
+    raise KeyError(exercise)
+
+
+# ----------------------------------------------------------------------------- split / merge
+def _split_cases(gen, quick):
+    g = ["args.0"]
+    cs = [
+        call("batch (2, 3), L=5, D=12, 3 heads (d_h=4 != H)", randn(gen, 2, 3, 5, 12), 3, grad=g),
+        call("unbatched (4, 10), 2 heads (d_h=5)", randn(gen, 4, 10), 2, grad=g),
+    ]
+    if quick:
+        return cs
+    return cs + [
+        call("batch (2,), L=3, D=6, 1 head", randn(gen, 2, 3, 6), 1, grad=g),
+        call("batch (3,), L=4, D=5, 5 heads (d_h=1)", randn(gen, 3, 4, 5), 5, grad=g),
+        call("four leading dims (2, 1, 3, 2), L=1, D=15, 3 heads", randn(gen, 2, 1, 3, 2, 1, 15), 3, grad=g),
+        call("batch (2,), L=6, D=8, 4 heads, float32", randn(gen, 2, 6, 8), 4, dtype="float32"),
+    ]
+
+
+def _merge_cases(gen, quick):
+    g = ["args.0"]
+    cs = [
+        call("batch (2,), 3 heads, L=5, d_h=4", randn(gen, 2, 3, 5, 4), grad=g),
+        call("unbatched (2 heads, L=4, d_h=3)", randn(gen, 2, 4, 3), grad=g),
+    ]
+    if quick:
+        return cs
+    return cs + [
+        call("batch (2, 3), 4 heads, L=3, d_h=5", randn(gen, 2, 3, 4, 3, 5), grad=g),
+        call("batch (3,), 1 head, L=4, d_h=6", randn(gen, 3, 1, 4, 6), grad=g),
+        call("batch (2,), 5 heads, L=1, d_h=1 (odd sizes)", randn(gen, 2, 5, 1, 1), grad=g),
+        call("batch (2,), 4 heads, L=6, d_h=2, float32", randn(gen, 2, 4, 6, 2), dtype="float32"),
+    ]
+
+
+# ----------------------------------------------------------------------------- MultiHeadAttention
+def _mha_call(name, gen, cls, *, E, H, B=2, Lq=5, Lk=None, inputs="self", bias=True, dropout=None,
+              mask=None, train=False, dtype="float64", grad=True, scale=1.0):
+    """A MultiHeadAttention call. inputs: "self" (query only), "key" (query and key, value
+    defaults to key) or "kv" (query, key and value)."""
+    init = {"embed_dim": E, "num_heads": H}
+    if not bias:
+        init["bias"] = False
+    if dropout is not None:
+        init["dropout"] = dropout
+    state = distinct_state(cls(**init), gen)
+    Lk = Lq if Lk is None else Lk
+    args = [randn(gen, B, Lq, E, scale=scale)]
+    if inputs in ("key", "kv"):
+        args.append(randn(gen, B, Lk, E, scale=scale))
+    if inputs == "kv":
+        args.append(randn(gen, B, Lk, E, scale=scale))
+    kwargs = {"mask": mask} if mask is not None else {}
+    g = ["args.0", "params"] + (["args.1"] if len(args) > 1 else []) + (["args.2"] if len(args) > 2 else [])
+    if mask is not None and mask.is_floating_point():
+        g.append("kwargs.mask")
+    return call(name, *args, init=init, state=state, kwargs=kwargs, train=train,
+                grad=g if grad else [], dtype=dtype)
+
+
+def _mha_cases(gen, ref, quick):
+    cls = ref["MultiHeadAttention"]
+    cs = [
+        _mha_call("self-attention (query only), B=2, L=5, E=12, 3 heads, bool mask (L, L) with a "
+                  "fully masked row", gen, cls, E=12, H=3, Lq=5, mask=bool_mask(gen, 5, 5, full_rows=1)),
+        _mha_call("cross-attention, key and value given, L_q=3 != L_k=6, E=8, 2 heads, padding mask "
+                  "(B, 1, 1, L_k)", gen, cls, E=8, H=2, Lq=3, Lk=6, inputs="kv",
+                  mask=bool_mask(gen, 2, 1, 1, 6, p=0.4, full_rows=0)),
+        _mha_call("cross-attention with key only (value defaults to key), L_q = L_k = 6, E=12, 4 heads",
+                  gen, cls, E=12, H=4, Lq=6, Lk=6, inputs="key"),
+    ]
+    if quick:
+        return cs
+    return cs + [
+        _mha_call("cross-attention with key only, L_q=4 != L_k=7, E=10, 2 heads", gen, cls, E=10, H=2,
+                  Lq=4, Lk=7, inputs="key"),
+        _mha_call("additive float mask (B, H, L_q, L_k) with a fully masked (-inf) row, L_q=3, L_k=5",
+                  gen, cls, E=6, H=2, Lq=3, Lk=5, inputs="kv",
+                  mask=float_mask(gen, 2, 2, 3, 5, full_rows=1)),
+        _mha_call("bool mask (B, H, L_q, L_k) with several fully masked rows, B=3, 3 heads",
+                  gen, cls, E=9, H=3, B=3, Lq=4, Lk=6, inputs="kv",
+                  mask=bool_mask(gen, 3, 3, 4, 6, p=0.4, full_rows=3)),
+        _mha_call("padding mask (B, 1, 1, L_k) masking every key of one batch element",
+                  gen, cls, E=8, H=4, Lq=3, Lk=4, inputs="key",
+                  mask=bool_mask(gen, 2, 1, 1, 4, p=0.3, full_rows=1)),
+        _mha_call("float mask (L_q, L_k), self-attention, B=3", gen, cls, E=10, H=5, B=3, Lq=4,
+                  mask=float_mask(gen, 4, 4)),
+        _mha_call("bias=False, cross-attention, L_q=6, L_k=2", gen, cls, E=8, H=2, Lq=6, Lk=2,
+                  inputs="kv", bias=False),
+        _mha_call("one head, E=5 (odd), L_q=1", gen, cls, E=5, H=1, Lq=1, Lk=3, inputs="kv"),
+        _mha_call("E=6, 6 heads (d_h=1), B=1", gen, cls, E=6, H=6, B=1, Lq=4, Lk=5, inputs="kv"),
+        _mha_call("large inputs (scaled by 30): the softmax must stay finite", gen, cls, E=8, H=2, Lq=4,
+                  mask=bool_mask(gen, 4, 4, full_rows=0), scale=30.0),
+        call("embed_dim=10, num_heads=4 must raise ValueError", randn(gen, 2, 3, 10),
+             init={"embed_dim": 10, "num_heads": 4}, expect_error="ValueError"),
+        _dropout_probe(gen, cls, train=False),
+        _mha_call("dropout=0.0 in training mode: same as eval", gen, cls, E=8, H=4, Lq=5, Lk=3,
+                  inputs="kv", dropout=0.0, train=True),
+        _mha_call("float32, cross-attention, bool mask (B, 1, 1, L_k)", gen, cls, E=12, H=3, Lq=4,
+                  Lk=6, inputs="kv", mask=bool_mask(gen, 2, 1, 1, 6, full_rows=0), dtype="float32"),
+    ] + ([_dropout_probe(gen, cls, train=True)] if _framework_compares_by_chapter() else [])
+
+
+def _dropout_probe(gen, cls, train):
+    """A dropout=0.5 call whose output shows which weights were dropped: v_proj and out_proj are identities
+    (out_proj with a known bias), and each value row is one-hot within every head, plus a feature
+    that is 1 for all keys. So output[b, i, h*d_h + j] - bias is the weight of query i on key j
+    in head h as it multiplied the values, and output[b, i, h*d_h + L_k] - bias their sum.
+    """
+    B, H, Lq, Lk = 8, 2, 8, 5
+    d_h = Lk + 1
+    E = H * d_h
+    init = {"embed_dim": E, "num_heads": H, "dropout": DROPOUT_P}
+    state = distinct_state(cls(**init), gen)
+    eye = torch.eye(E, dtype=torch.float64)
+    state.update({"v_proj.weight": eye, "v_proj.bias": torch.zeros(E, dtype=torch.float64),
+                  "out_proj.weight": eye.clone(),
+                  "out_proj.bias": torch.arange(E, dtype=torch.float64) / 8 - 0.75})  # exact in float32
+    value = torch.zeros(B, Lk, E, dtype=torch.float64)
+    for h in range(H):
+        value[:, :, h * d_h: h * d_h + Lk] = torch.eye(Lk, dtype=torch.float64)
+        value[:, :, h * d_h + Lk] = 1.0
+    name = (f"dropout={DROPOUT_P} in training mode: weights dropped and rescaled, once" if train else
+            f"dropout={DROPOUT_P} in eval mode: no dropout at all")
+    return call(name, randn(gen, B, Lq, E), randn(gen, B, Lk, E), value, init=init, state=state,
+                train=train, grad=[] if train else ["args.0", "args.1", "params"])
+
+
+def _framework_compares_by_chapter() -> bool:
+    """Whether the grader routes comparisons through the chapter's `compare` (see `compare`):
+    until it does, the training-mode dropout case is left out rather than graded unfairly."""
+    import importlib
+    return callable(getattr(importlib.import_module(__package__), "compare", None))
+
+
+# ----------------------------------------------------------------------------- MultiHeadSelfAttention
+def _mhsa_call(name, gen, cls, *, E, H, B=2, N=5, bias=True, mask=None, dtype="float64"):
+    init = {"embed_dim": E, "num_heads": H}
+    if not bias:
+        init["bias"] = False
+    state = distinct_state(cls(**init), gen)
+    kwargs = {"mask": mask} if mask is not None else {}
+    g = ["args.0", "params"] + (["kwargs.mask"] if mask is not None and mask.is_floating_point() else [])
+    return call(name, randn(gen, B, N, E), init=init, state=state, kwargs=kwargs, grad=g, dtype=dtype)
+
+
+def _mhsa_cases(gen, ref, quick):
+    cls = ref["MultiHeadSelfAttention"]
+    cs = [
+        _mhsa_call("B=2, N=5, E=12, 3 heads (d_h=4 != H), bool mask (N, N) with a fully masked row",
+                   gen, cls, E=12, H=3, mask=bool_mask(gen, 5, 5, full_rows=1)),
+        _mhsa_call("no mask, B=3, N=4, E=8, 2 heads", gen, cls, E=8, H=2, B=3, N=4),
+    ]
+    if quick:
+        return cs
+    return cs + [
+        _mhsa_call("bias=False, padding mask (B, 1, 1, N)", gen, cls, E=10, H=2, N=6, bias=False,
+                   mask=bool_mask(gen, 2, 1, 1, 6, p=0.4, full_rows=0)),
+        _mhsa_call("additive float mask (B, H, N, N)", gen, cls, E=8, H=4, N=3,
+                   mask=float_mask(gen, 2, 4, 3, 3)),
+        _mhsa_call("one head, E=5 (odd), N=1", gen, cls, E=5, H=1, N=1),
+        _mhsa_call("float32, E=12, 4 heads", gen, cls, E=12, H=4, N=5,
+                   mask=bool_mask(gen, 5, 5, full_rows=0), dtype="float32"),
+    ]
+
+
+# ----------------------------------------------------------------------------- training-mode dropout
+def _dropout_p(call) -> float:
+    return float((call.init or {}).get("dropout", 0.0) or 0.0)
+
+
+def is_dropout_probe(call) -> bool:
+    return call.exercise == "MultiHeadAttention" and _dropout_p(call) > 0
+
+
+def is_dropout_train(call) -> bool:
+    """A training-mode call with p > 0: its output is random and graded by properties."""
+    return call.exercise == "MultiHeadAttention" and call.train and _dropout_p(call) > 0
+
+
+def compare(call, student, expected):
+    """This chapter's comparison: value for value, except training-mode dropout with p > 0.
+
+    Meant to be called by the grader in place of `autograder.compare.compare` on CPU and CUDA
+    (the meta-device run skips training-mode calls).
+    """
+    if is_dropout_train(call):
+        return dropout_properties(call, student, expected)
+    return compare_values(call, student, expected)
+
+
+def _revealed(call, output):
+    """From the probe's output: the weights as they multiplied the values (B, H, L_q, L_k), and
+    their sums as the values' all-ones feature saw them (B, H, L_q)."""
+    B, Lk, E = call.args[2].shape
+    H = call.init["num_heads"]
+    d_h = E // H
+    heads = (output.double() - call.state["out_proj.bias"]).reshape(B, -1, H, d_h).transpose(1, 2)
+    return heads[..., :Lk], heads[..., Lk]
+
+
+def dropout_properties(call, student, expected) -> Mismatch | None:
+    """Grade a training-mode dropout probe (see `_dropout_train_call`) by what holds whatever the
+    random stream, with W the weights before dropout (what the reference returns):
+
+    (1) names, shapes, dtypes and devices as the reference's; (2) the returned weights are W
+    (dropout acts only on the copy that multiplies the values); (3) each weight that multiplied the
+    values is 0 or W / (1-p); (4) the share of dropped weights is within 5 standard deviations of
+    p; (5) the values saw those very weights (dropout acts on the weights, not on the heads'
+    output). The reference's own draw must pass (1)-(5), or the case is reported as a grader bug.
+    """
+    m = compare_meta(call, student, expected)
+    if m:
+        m.hint = None
+        return m
+    if _dropout_violation(call, expected, expected.outputs[1]) is not None:
+        return Mismatch("grader", "the reference fails its own training-mode dropout check; "
+                        "please report this to your instructor.")
+    return _dropout_violation(call, student, expected.outputs[1])
+
+
+def _dropout_violation(call, outcome, w_eval) -> Mismatch | None:
+    p = _dropout_p(call)
+    out, w = (t.double() for t in outcome.outputs[:2])
+    w_eval = w_eval.double()
+    if not (torch.isfinite(out).all() and torch.isfinite(w).all()):
+        return Mismatch("nonfinite", "in training mode the output or the weights contain NaN or inf.")
+    rtol, atol = (1e-5, 1e-7) if call.dtype == "float64" else (1e-4, 1e-5)
+    if not torch.allclose(w, w_eval, rtol=rtol, atol=atol):
+        looks_dropped = bool(((w.abs() <= atol) | torch.isclose(w, w_eval / (1 - p), rtol=rtol, atol=atol)).all())
+        return Mismatch("values", f"in training mode with dropout={p}, the returned weights should be the "
+                        "weights before dropout: dropout acts only on the copy that multiplies the values.",
+                        output=1, hint="keep the softmax weights to return, and multiply the values by "
+                        "F.dropout(weights, p, training=self.training)" if looks_dropped else None)
+    used, sums = _revealed(call, out)
+    if torch.allclose(used, w_eval, rtol=rtol, atol=atol):
+        return Mismatch("values", f"in training mode with dropout={p}, no attention weight was dropped: "
+                        "dropout must act on the weights in training mode.", output=0,
+                        hint="F.dropout(weights, p, training=self.training), or an nn.Dropout(p) layer, "
+                             "which module.train() turns on and module.eval() off")
+    kept_value = w_eval / (1 - p)
+    dropped = used.abs() <= atol
+    kept = (used - kept_value).abs() <= atol + rtol * kept_value.abs()
+    bad = ~(dropped | kept)
+    if bad.any():
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+        return Mismatch("values", f"in training mode with dropout={p}, each weight that multiplies the "
+                        "values must be dropped (0) or kept and scaled by 1/(1-p): the weight of head "
+                        f"{idx[1]}, query {idx[2]} on key {idx[3]} (batch {idx[0]}) acted as "
+                        f"{used[idx].item():.6g}, expected 0 or {kept_value[idx].item():.6g}.", output=0,
+                        hint="apply dropout to the attention weights after the softmax (F.dropout / "
+                             "nn.Dropout zero each with probability p and scale the rest by 1/(1-p))")
+    live = w_eval > 1e-6
+    n = int(live.sum())
+    share = float(dropped[live].double().mean())
+    if abs(share - p) > 5 * math.sqrt(p * (1 - p) / n):
+        return Mismatch("values", f"in training mode with dropout={p}, {share:.0%} of the {n} attention "
+                        f"weights were dropped; expected about {p:.0%}.", output=0)
+    if not torch.allclose(sums, used.sum(-1), rtol=rtol, atol=atol):
+        return Mismatch("values", "in training mode the values were not multiplied by the dropped-out "
+                        "weights themselves (dropout on the heads' output, or twice?): apply dropout once, "
+                        "to the attention weights, before they multiply the values.", output=0)
+    return None
+
+
+# ----------------------------------------------------------------------------- hints
+# Plain-torch "mistake models": each recomputes the call with one named mistake; a hint is given
+# only when exactly one model reproduces what the student returned and the mistake-free model
+# reproduces the reference (so the models and the contract agree on this call).
+def _linear(x, st, name):
+    y = x @ st[f"{name}.weight"].T
+    b = st.get(f"{name}.bias")
+    return y if b is None else y + b
+
+
+def _split(x, H, order="hd"):
+    *lead, L, D = x.shape
+    if order == "hd":
+        return x.reshape(*lead, L, H, D // H).transpose(-3, -2)
+    if order == "dh":  # view(..., d_h, H): head h holds features h, h+H, h+2H, ...
+        return x.reshape(*lead, L, D // H, H).movedim(-1, -3)
+    if order == "no-transpose":  # reshape straight to (..., H, L, d_h)
+        return x.reshape(*lead, H, L, D // H)
+    raise ValueError(order)
+
+
+def _merge(x, order="hd"):
+    *lead, H, L, d = x.shape
+    if order == "hd":
+        return x.transpose(-3, -2).reshape(*lead, L, H * d)
+    if order == "dh":
+        return x.movedim(-3, -1).reshape(*lead, L, d * H)
+    if order == "no-transpose":
+        return x.reshape(*lead, L, H * d)
+    raise ValueError(order)
+
+
+def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
+    d_h = q.shape[-1]
+    H = q.shape[-3] if q.dim() >= 3 else 1
+    s = q @ k.transpose(-2, -1)
+    s = s / {"d_h": math.sqrt(d_h), "E": math.sqrt(d_h * H), "none": 1.0, "d_h^1": d_h}[scale]
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            keep = ~mask if invert else mask
+            s = s.masked_fill(~keep, float("-inf") if full_rows == "zero" else -1e9)
+        else:
+            s = s + mask
+    dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
+    w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
+    return w @ v, w
+
+
+def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=False, full_rows="zero",
+               value_default="key", key_default="query", out_proj=True, layout="3hd"):
+    st = {k: v.double() for k, v in call.state.items()}
+    args = [a.double() for a in call.args]
+    mask = call.kwargs.get("mask")
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()
+    H = call.init["num_heads"]
+    merge = split if merge is None else merge
+    if call.exercise == "MultiHeadSelfAttention":
+        x = args[0]
+        B, N, E = x.shape
+        qkv = _linear(x, st, "qkv_proj")
+        if layout == "3hd":
+            q, k, v = qkv.view(B, N, 3, H, E // H).permute(2, 0, 3, 1, 4)
+        elif layout == "h3d":
+            q, k, v = qkv.view(B, N, H, 3, E // H).permute(3, 0, 2, 1, 4)
+        elif layout == "3dh":
+            q, k, v = qkv.view(B, N, 3, E // H, H).permute(2, 0, 4, 1, 3)
+        else:
+            raise ValueError(layout)
+    else:
+        query = args[0]
+        key = args[1] if len(args) > 1 else {"query": query}[key_default]
+        value = args[2] if len(args) > 2 else {"key": key, "query": query}[value_default]
+        q = _split(_linear(query, st, "q_proj"), H, split)
+        k = _split(_linear(key, st, "k_proj"), H, split)
+        v = _split(_linear(value, st, "v_proj"), H, split)
+    o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows)
+    o = _merge(o, merge)
+    return [_linear(o, st, "out_proj") if out_proj else o, w]
+
+
+MHA_MISTAKES = [
+    ("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "
+     "num_heads), so that head h holds features h*d_h to (h+1)*d_h - 1", dict(split="dh", merge="hd")),
+    ("the heads are split and merged in the wrong order: use (..., L, num_heads, d_h), not "
+     "(..., L, d_h, num_heads), in both split and merge", dict(split="dh")),
+    ("the heads are made by reshaping straight to (..., H, L, d_h), which mixes positions: reshape to "
+     "(..., L, H, d_h) and then transpose L and H", dict(split="no-transpose", merge="hd")),
+    ("the weights are right but the output is not: merge the heads back by transposing to "
+     "(B, L, H, d_h) before flattening to (B, L, E)", dict(merge="no-transpose")),
+    ("the weights are right but the output is not: merge the heads in the order (B, L, H, d_h), so "
+     "head h fills features h*d_h to (h+1)*d_h - 1", dict(merge="dh")),
+    ("scores look unscaled: divide q·k by sqrt(d_h) (the per-head dimension) before the softmax",
+     dict(scale="none")),
+    ("scores are divided by sqrt(embed_dim): divide by sqrt(d_h) = sqrt(embed_dim / num_heads)",
+     dict(scale="E")),
+    ("scores are divided by d_h: divide by sqrt(d_h)", dict(scale="d_h^1")),
+    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2)),
+    ("the mask looks inverted: True means 'may attend' (keep), False means masked out",
+     dict(invert=True)),
+    ("a fully masked row should give zero weights and a zero output, not a uniform average "
+     "(-1e9 instead of -inf, or no zeroing after the softmax?)", dict(full_rows="uniform")),
+    ("out_proj is missing: the merged heads go through out_proj", dict(out_proj=False)),
+]
+MHA_DEFAULT_MISTAKES = [
+    ("when value is None it defaults to key (which itself defaults to query), not to query",
+     dict(value_default="query")),
+]
+MHSA_MISTAKES = [
+    ("the fused projection is read as (B, N, H, 3, d_h): its output is laid out (B, N, 3, H, d_h) "
+     "(all queries, then all keys, then all values, as in nn.MultiheadAttention's in_proj_weight)",
+     dict(layout="h3d")),
+    ("the fused projection is read as (B, N, 3, d_h, H): its output is laid out (B, N, 3, H, d_h)",
+     dict(layout="3dh")),
+]
+
+
+def _tol(call):
+    """Looser than grading: a mistake changes values at O(1), and the executor loads float64
+    weights through a float32 module (a relative rounding of about 1e-8)."""
+    return (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-5)
+
+
+def _matches(call, outputs, model) -> bool:
+    rtol, atol = _tol(call)
+    if model is None or len(outputs) != len(model):
+        return False
+    for a, b in zip(outputs, model):
+        if a is None or tuple(a.shape) != tuple(b.shape):
+            return False
+        if not torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol):
+            return False
+    return True
+
+
+def _safe(fn, *a, **kw):
+    try:
+        with torch.no_grad():
+            return fn(*a, **kw)
+    except Exception:
+        return None
+
+
+def _one_match(call, student, expected, model_fn, mistakes) -> str | None:
+    """The hint of the single mistake model that reproduces the student, if exactly one does."""
+    if not _matches(call, expected.outputs, _safe(model_fn, call)):
+        return None  # the mistake-free model does not reproduce the reference here: say nothing
+    found = []
+    for text, kw in mistakes:
+        model = _safe(model_fn, call, **kw)
+        if _matches(call, student.outputs, model) and not _matches(call, expected.outputs, model):
+            found.append(text)
+    return found[0] if len(set(found)) == 1 else None
+
+
+def _split_hint(call, student, expected):
+    x, H = call.args[0].double(), call.args[1]
+    models = [("the heads are split in the wrong order: reshape to (..., L, num_heads, D // num_heads) "
+               "(head h holds features h*d_h to (h+1)*d_h - 1), then transpose L and num_heads", "dh"),
+              ("reshaping straight to (..., num_heads, L, d_h) mixes positions: reshape to "
+               "(..., L, num_heads, d_h), then transpose the L and num_heads axes", "no-transpose")]
+    return _one_match(call, student, expected, lambda c, order="hd": [_split(x, H, order)],
+                      [(t, {"order": o}) for t, o in models])
+
+
+def _merge_hint(call, student, expected):
+    x = call.args[0].double()
+    models = [("the heads are merged without transposing back: transpose (..., H, L, d_h) to "
+               "(..., L, H, d_h), then flatten the last two axes", "no-transpose"),
+              ("the heads are merged in the wrong order: transpose to (..., L, H, d_h) (not "
+               "(..., L, d_h, H)) before flattening, so head h fills features h*d_h onwards", "dh")]
+    return _one_match(call, student, expected, lambda c, order="hd": [_merge(x, order)],
+                      [(t, {"order": o}) for t, o in models])
+
+
+MHSA_OWN_MISTAKES = MHSA_MISTAKES + [(t, kw) for t, kw in MHA_MISTAKES if "split" not in kw]
+
+
+def hint(call, student, expected, mismatch):
+    if call.expect_error == "ValueError":
+        return "raise ValueError in __init__ when embed_dim % num_heads != 0"
+    if mismatch.aspect == "params" and call.exercise == "MultiHeadSelfAttention":
+        if any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
+            return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
+        return None
+    if mismatch.aspect == "nonfinite":
+        return _nan_rows_hint(student, expected)
+    if mismatch.aspect != "values":
+        return None
+    if call.exercise == "split_heads":
+        return _split_hint(call, student, expected)
+    if call.exercise == "merge_heads":
+        return _merge_hint(call, student, expected)
+    if call.exercise == "MultiHeadAttention":
+        mistakes = MHA_MISTAKES + (MHA_DEFAULT_MISTAKES if len(call.args) < 3 else [])
+        found = _one_match(call, student, expected, _mha_model, mistakes)
+        if found is None and is_dropout_probe(call) and not call.train and _dropped_in_eval(call, student, expected):
+            return ("dropout acts in eval mode too: use F.dropout(weights, p, training=self.training) "
+                    "or an nn.Dropout layer (module.eval() turns it off)")
+        return found
+    if call.exercise == "MultiHeadSelfAttention":
+        return _one_match(call, student, expected, _mha_model, MHSA_OWN_MISTAKES)
+    return None
+
+
+def _nan_rows_hint(student, expected):
+    """NaN exactly where the reference has fully masked query rows (all-zero weights)."""
+    if len(student.outputs) < 2 or len(expected.outputs) < 2 or student.outputs[1] is None:
+        return None
+    w_s, w_e = student.outputs[1], expected.outputs[1]
+    if w_s.shape != w_e.shape:
+        return None
+    dead = (w_e == 0).all(-1)                      # (B, H, L_q)
+    nan_rows = torch.isnan(w_s).any(-1)
+    if dead.any() and nan_rows.any() and not (nan_rows & ~dead).any():
+        return ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
+                "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
+    return None
+
+
+def _dropped_in_eval(call, student, expected) -> bool:
+    """On the eval-mode dropout probe: the weights that multiplied the values look dropped out."""
+    if not student.outputs or student.outputs[0] is None or student.outputs[0].shape != expected.outputs[0].shape:
+        return False
+    used, _ = _revealed(call, student.outputs[0])
+    w_e = expected.outputs[1].double()
+    dropped = used.abs() <= 1e-5
+    kept = torch.isclose(used, w_e / (1 - _dropout_p(call)), rtol=1e-4, atol=1e-5)
+    return bool((dropped | kept).all() and dropped[w_e > 1e-6].any())
