@@ -10,7 +10,8 @@ checked field by field), and comparing and scoring happen in this process alone.
 
 Failure handling, all of it local to what failed:
 - a cell that raises (SystemExit included) is reported and the next cell runs;
-- a cell that overruns `cell_timeout` is interrupted inside the child, and the next cell runs;
+- a cell that overruns `cell_timeout` is interrupted inside the child, and the next cell runs
+  (if the notebook has to run again in a fresh child, cells that timed out are skipped);
   one that cannot be interrupted (it swallows the interrupt, ignores SIGALRM or blocks in C) is
   killed with the child `grace` seconds later, and a fresh child re-runs the notebook *without*
   that cell; a cell that crashes the child (os._exit, segfault, a limit) is skipped the same way;
@@ -243,12 +244,15 @@ class StudentSession:
             report = {n: None for n in range(1, len(self.cells) + 1)}
             captures: dict[int, _Capture] = {}
             error = None
-            end = t0 + self.limits.notebook_timeout
+            used = 0.0  # the time budget counts cells only, not the children's start-up
             for _attempt in range(len(self.cells) + 2):
                 error = self._spawn()
                 if error:
                     break
-                result = self._run_cells(report, captures, budget, end)
+                began = time.monotonic()
+                result = self._run_cells(report, captures, budget,
+                                         began + max(0.0, self.limits.notebook_timeout - used))
+                used += time.monotonic() - began
                 if result == "done":
                     break
             else:
@@ -404,6 +408,8 @@ class StudentSession:
                 if kind == "cell" and event.get("cell") == expected:
                     if report is not None and report[expected] is None:
                         report[expected] = self._cell_entry(event, expected)
+                    if event.get("status") == "timeout":
+                        self._skip.add(expected)  # a cell that hung costs its time only once
                     expected += 1
                     continue
                 if kind == "cells_done" and running is None:
@@ -453,12 +459,16 @@ class StudentSession:
         """A live child that has run the notebook (minus skipped cells); None or why not."""
         if self._child is not None and self._child.alive() and not self._channel.results_eof:
             return None
-        end = time.monotonic() + self.limits.notebook_timeout
+        used = 0.0
         for _attempt in range(len(self.cells) + 2):
             error = self._spawn()
             if error:
                 return error
-            if self._run_cells(None, {}, None, end) == "done":
+            began = time.monotonic()
+            done = self._run_cells(None, {}, None,
+                                   began + max(0.0, self.limits.notebook_timeout - used))
+            used += time.monotonic() - began
+            if done == "done":
                 return None
         return "the notebook crashed the grading process too many times"
 

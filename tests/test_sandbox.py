@@ -1,0 +1,590 @@
+"""Hostile submissions against the sandbox: isolation, limits, crashes and broken notebooks.
+
+Each test runs a StudentSession (a real child process) in the sandbox modes available here:
+"bubblewrap" (skipped with the probe's reason where bwrap or namespaces are unavailable) and
+"none" (the fallback). Timeouts are short so the whole file stays fast.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder.calls import Call
+from autograder.notebook import NotebookError, notebook_cells, parse_code_cells, to_python
+from autograder.sandbox import PACKAGE_DIR, REPO_DIR, Limits, bwrap_command, probe_bubblewrap
+from autograder.session import StudentSession
+
+BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
+needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
+MODES = [pytest.param("bubblewrap", marks=needs_bwrap), "none"]
+ROOT = os.geteuid() == 0
+
+FAST = dict(cell_timeout=1.5, call_timeout=1.5, grace=1.0, notebook_timeout=30.0)
+
+
+def session(cells, mode, **limits) -> StudentSession:
+    return StudentSession(cells, Limits(**{**FAST, **limits}), sandbox=mode)
+
+
+def call(target, *args, **kw) -> Call:
+    return Call(chapter="test", exercise=target, case="hostile", target=target, args=list(args), **kw)
+
+
+def value(outcome):
+    assert outcome.error is None, outcome.error
+    return outcome.outputs[0]
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+# ------------------------------------------------------------------ isolation of results
+
+LIAR = '''
+import torch
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+torch.testing.assert_close = lambda *a, **k: None
+
+class Liar(torch.Tensor):
+    """Every operation on it 'returns' the expected answer (zeros, say)."""
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return torch.zeros(3) if isinstance(out, torch.Tensor) else out
+
+def f(x):
+    print("All tests passed! 100/100")
+    return (x + 41).as_subclass(Liar)
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_patched_torch_and_subclasses_do_not_reach_the_grader(mode):
+    with session([LIAR], mode) as s:
+        assert s.start()["cells"][0]["status"] == "ok"
+        out = s.run(call("f", torch.ones(3)))
+        t = value(out)
+        assert type(t) is torch.Tensor            # a fresh, plain tensor, made from bytes
+        assert t.tolist() == [42.0, 42.0, 42.0]  # the real data, not what the subclass claims
+        assert out.returned == "Tensor"
+        assert "100/100" in s.last_output        # printing a fake result changes nothing
+    assert torch.allclose(torch.zeros(1), torch.zeros(1))
+    assert not torch.equal(torch.zeros(1), torch.ones(1))  # the grader's torch is untouched
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_forged_result_frames_are_a_crash_not_a_score(mode):
+    cells = ['''
+import os, sys, torch
+def forge(x):
+    os.write(int(sys.argv[2]), b"AGW1" + (10).to_bytes(8, "big") + b'{"a": 1}xx' * 3)
+    return x
+
+def f(x):
+    return x * 2
+''']
+    with session(cells, mode) as s:
+        s.start()
+        out = s.run(call("forge", torch.ones(2)))
+        assert out.error["type"] == "Crash" and "malformed" in out.error["message"]
+        assert value(s.run(call("f", torch.ones(2)))).tolist() == [2.0, 2.0]
+
+
+# ------------------------------------------------------------------ the sandbox (bubblewrap)
+
+@needs_bwrap
+def test_no_network_not_even_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def accept():
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not accepted:
+            try:
+                accepted.append(server.accept())
+            except (socket.timeout, OSError):
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    cells = [f'''
+import socket, torch
+def probe():
+    results = []
+    for family, addr in ((socket.AF_INET, ("127.0.0.1", {port})), (socket.AF_INET6, ("::1", {port}))):
+        try:
+            s = socket.socket(family)
+            s.settimeout(2)
+            results.append(s.connect_ex(addr))
+        except OSError as e:
+            results.append(-1)
+    names = [n for _, n in socket.if_nameindex()]
+    return torch.tensor(results + [len(names), int(names == ["lo"])])
+''']
+    try:
+        with session(cells, "bubblewrap") as s:
+            s.start()
+            r = value(s.run(call("probe"))).tolist()
+        assert r[0] != 0 and r[1] != 0, r      # both connections refused: another network
+        assert r[3] == 1, r                    # the only interface is the sandbox's own loopback
+        thread.join(1)
+        assert not accepted
+    finally:
+        server.close()
+
+
+@needs_bwrap
+def test_grader_files_solutions_and_results_are_invisible(tmp_path, monkeypatch):
+    results = tmp_path / "results.json"
+    results.write_text("{}")
+    solutions = os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions")
+    targets = [str(REPO_DIR / "solutions"), solutions, str(PACKAGE_DIR / "references.py"),
+               str(PACKAGE_DIR / "sandbox.py"), str(REPO_DIR), "/work", "/root/.bashrc", "/home",
+               str(results), "/etc/shadow", "/proc/1/environ"]
+    cells = [f'''
+import os, torch
+TARGETS = {targets!r}
+def snoop():
+    seen = []
+    for t in TARGETS:
+        try:
+            if os.path.isdir(t):
+                seen.append(1 if os.listdir(t) else 0)   # an empty dir hides nothing
+            else:
+                with open(t, "rb") as f:
+                    f.read(1)
+                seen.append(1)
+        except OSError:
+            seen.append(0)
+    return torch.tensor(seen)
+def whoami():
+    return torch.tensor([os.getuid(), os.getgid()])
+def root_entries():
+    return torch.tensor([len(os.listdir("/root"))] if os.path.isdir("/root") else [0])
+''']
+    with StudentSession(cells, Limits(**FAST), sandbox="bubblewrap", hide=[tmp_path]) as s:
+        s.start()
+        seen = value(s.run(call("snoop"))).tolist()
+        assert dict(zip(targets, seen)) == dict.fromkeys(targets, 0)
+        uid = value(s.run(call("whoami"))).tolist()
+        if ROOT:
+            assert uid == [65534, 65534]  # nobody
+        # /root shows at most the way to the Python installation (here /root/.pyenv/...)
+        import sys
+        python_under_root = {Path(d).parts[2] for d in (sys.prefix, sys.base_prefix)
+                             if d.startswith("/root/")}
+        assert value(s.run(call("root_entries"))).tolist() == [len(python_under_root)]
+
+
+@needs_bwrap
+def test_hidden_path_inside_a_visible_directory_is_masked():
+    hidden = "/usr/share/doc"  # visible (under /usr) unless masked
+    assert os.listdir(hidden)
+    args = bwrap_command(["python"], [hidden], [], Path("/tmp"), Limits())
+    i = args.index(hidden)
+    assert args[i - 1] == "--tmpfs"
+    cells = ["import os\nN = len(os.listdir('/usr/share/doc'))\nM = len(os.listdir('/usr/bin'))\n"
+             "import torch\ndef n():\n    return torch.tensor([N, M])\n"]
+    with StudentSession(cells, Limits(**FAST), sandbox="bubblewrap", hide=[hidden]) as s:
+        s.start()
+        n, m = value(s.run(call("n"))).tolist()
+    assert n == 0 and m > 0
+
+
+@needs_bwrap
+def test_writes_outside_tmp_fail_and_leave_no_trace():
+    marker = f"pwned-{uuid.uuid4().hex}"
+    places = [str(REPO_DIR / marker), str(REPO_DIR / "solutions" / marker), f"/work/{marker}",
+              f"/root/{marker}", f"/usr/{marker}", f"/etc/{marker}", f"/{marker}",
+              str(PACKAGE_DIR / marker)]
+    cells = [f'''
+import os, torch
+PLACES = {places!r}
+def vandal():
+    ok = []
+    for p in PLACES + ["/tmp/{marker}"]:
+        try:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "w") as f:
+                f.write("x")
+            ok.append(1)
+        except OSError:
+            ok.append(0)
+    return torch.tensor(ok)
+def append_to_grader():
+    with open({str(PACKAGE_DIR / "calls.py")!r}, "a") as f:
+        f.write("# pwned")
+''']
+    before = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                            cwd=REPO_DIR, capture_output=True, text=True).stdout
+    calls_py = (PACKAGE_DIR / "calls.py").read_bytes()
+    with session(cells, "bubblewrap") as s:
+        s.start()
+        wrote = value(s.run(call("vandal"))).tolist()
+        assert wrote == [0] * len(places) + [1]  # only the sandbox's own /tmp is writable
+        assert s.run(call("append_to_grader")).error["type"] in ("FileNotFoundError", "OSError",
+                                                                  "PermissionError")
+    for p in places + [f"/tmp/{marker}"]:
+        assert not os.path.exists(p), p
+    assert (PACKAGE_DIR / "calls.py").read_bytes() == calls_py
+    after = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                           cwd=REPO_DIR, capture_output=True, text=True).stdout
+    assert marker not in after
+    assert set(after.splitlines()) - set(before.splitlines()) <= {
+        line for line in after.splitlines() if "pwned" not in line}
+
+
+@needs_bwrap
+def test_fork_bomb_is_contained_by_the_process_limit():
+    cells = ['''
+import os, torch
+def bomb():
+    children = 0
+    while True:
+        if os.fork() == 0:
+            children = 0
+        else:
+            children += 1
+def fine():
+    return torch.ones(1)
+''']
+    t0 = time.monotonic()
+    with session(cells, "bubblewrap", nproc=64, call_timeout=5) as s:
+        s.start()
+        out = s.run(call("bomb"))
+        assert out.error is not None
+        assert out.error["type"] in ("BlockingIOError", "OSError", "Timeout", "Crash"), out.error
+        assert value(s.run(call("fine"))).tolist() == [1.0]
+    assert time.monotonic() - t0 < 30
+
+
+# ------------------------------------------------------------------ processes outlive nothing
+
+@pytest.mark.parametrize("mode", MODES)
+def test_daemon_is_gone_after_close(mode):
+    marker = f"daemon-{uuid.uuid4().hex}"
+    cells = [f'''
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
+    os._exit(0)
+os.wait()
+''']
+    s = session(cells, mode)
+    try:
+        assert s.start()["cells"][0]["status"] == "ok"
+        deadline = time.monotonic() + 10
+        while not processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker), "the daemon should run while the session is open"
+    finally:
+        s.close()
+    deadline = time.monotonic() + 5
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == []
+
+
+# ------------------------------------------------------------------ limits and crashes
+
+HOSTILE = '''
+import os, sys, signal, ctypes, torch
+def fine(x):
+    return x + 1
+def exit3(x):
+    os._exit(3)
+def segfault(x):
+    ctypes.string_at(0)
+def spin(x):
+    while True:
+        pass
+def stubborn(x):
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    while True:
+        try:
+            while True:
+                pass
+        except BaseException:
+            pass
+def hog(x):
+    return torch.empty(20 * 2**30, dtype=torch.uint8).fill_(1)
+def hog_slowly(x):
+    chunks = []
+    while True:
+        chunks.append(bytearray(256 * 2**20))
+def chatter(x):
+    for _ in range(200_000):
+        print("spam" * 50)
+    return x
+def interrupt(x):
+    raise KeyboardInterrupt
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_os_exit_and_segfault_cost_one_call(mode):
+    with session([HOSTILE], mode) as s:
+        s.start()
+        out = s.run(call("exit3", torch.zeros(1)))
+        assert out.error["type"] == "Crash" and "status 3" in out.error["message"], out.error
+        assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
+        out = s.run(call("segfault", torch.zeros(1)))
+        assert out.error["type"] == "Crash" and "SIGSEGV" in out.error["message"], out.error
+        assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
+        out = s.run(call("interrupt", torch.zeros(1)))
+        assert out.error["type"] == "KeyboardInterrupt"
+        assert s.children == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_infinite_loop_in_a_function_times_out_and_the_next_call_works(mode):
+    with session([HOSTILE], mode) as s:
+        s.start()
+        t0 = time.monotonic()
+        out = s.run(call("spin", torch.zeros(1)), timeout=1.0)
+        assert out.error["type"] == "Timeout" and "1 s" in out.error["message"]
+        assert time.monotonic() - t0 < 1.0 + FAST["grace"]
+        assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
+        assert s.children == 1  # interrupted inside the child: no restart needed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ignoring_the_alarm_is_still_bounded_by_the_parent(mode):
+    with session([HOSTILE], mode) as s:
+        s.start()
+        t0 = time.monotonic()
+        out = s.run(call("stubborn", torch.zeros(1)), timeout=1.0)
+        elapsed = time.monotonic() - t0
+        assert out.error["type"] == "Timeout" and "stopped" in out.error["message"]
+        assert 1.0 + FAST["grace"] - 0.1 <= elapsed < 1.0 + FAST["grace"] + 2
+        assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
+        assert s.children == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_hog_is_stopped_and_reported(mode):
+    with session([HOSTILE], mode, memory=2 << 30, call_timeout=10) as s:
+        s.start()
+        for name in ("hog", "hog_slowly"):
+            out = s.run(call(name, torch.zeros(1)))
+            assert out.error is not None
+            assert out.error["type"] in ("RuntimeError", "MemoryError", "Crash"), out.error
+            if out.error["type"] == "Crash":
+                assert "memory" in out.error["message"]
+            assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_giant_output_is_capped(mode):
+    cells = ["for _ in range(100_000):\n    print('x' * 100)\n", "y = 1", HOSTILE]
+    with session(cells, mode, output_cap=10_000) as s:
+        t0 = time.monotonic()
+        report = s.start()
+        first = report["cells"][0]
+        assert first["status"] == "ok"
+        assert len(first["output"]) < 10_200 and "more bytes of output not shown" in first["output"]
+        assert report["cells"][1]["status"] == "ok"
+        out = s.run(call("chatter", torch.zeros(1)), timeout=8)
+        assert value(out).tolist() == [0.0]
+        assert len(s.last_output) < 10_200
+        assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_top_level_hazards_cost_only_their_cell(mode):
+    cells = [
+        "import torch\ndef before(x):\n    return x + 1",
+        "while True:\n    pass",                                     # 2: interrupted
+        "import sys\nsys.exit(1)",                                   # 3: SystemExit
+        "raise SystemExit",                                          # 4
+        "exit()",                                                    # 5: the site builtin
+        "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass",  # 6
+        "import ctypes\nctypes.string_at(0)",                        # 7: segfault
+        "import os\nos._exit(0)",                                    # 8
+        "def broken(:\n    pass",                                    # 9: syntax error
+        "x = torch.zeros(1).cuda()",                                 # 10: no GPU here
+        "def after(x):\n    return x + 2",                           # 11
+    ]
+    with session(cells, mode) as s:
+        report = s.start()
+        status = [c["status"] for c in report["cells"]]
+        errors = [(c["error"] or {}).get("type") for c in report["cells"]]
+        assert status[0] == "ok" and status[-1] == "ok"
+        assert status[1] == "timeout" and "interrupted" in report["cells"][1]["error"]["message"]
+        assert errors[2:5] == ["SystemExit"] * 3
+        assert status[5] == "timeout" and "could not be interrupted" in report["cells"][5]["error"]["message"]
+        assert status[6] == "crash" and "SIGSEGV" in report["cells"][6]["error"]["message"]
+        assert status[7] == "crash" and "status 0" in report["cells"][7]["error"]["message"]
+        assert errors[8] == "SyntaxError"
+        if not torch.cuda.is_available():
+            assert status[9] == "error" and ("CUDA" in report["cells"][9]["error"]["message"]
+                                             or "NVIDIA" in report["cells"][9]["error"]["message"])
+        assert value(s.run(call("before", torch.zeros(1)))).tolist() == [1.0]
+        assert value(s.run(call("after", torch.zeros(1)))).tolist() == [2.0]
+        assert report["seconds"] < 25
+
+
+def test_notebook_time_budget_bounds_start():
+    cells = ["import time\ntime.sleep(1.2)"] * 6 + ["z = 1"]
+    with session(cells, "none", notebook_timeout=2.0, cell_timeout=1.5) as s:
+        t0 = time.monotonic()
+        report = s.start()
+        assert time.monotonic() - t0 < 2.0 + FAST["grace"] + 2
+        status = [c["status"] for c in report["cells"]]
+        assert status[0] == "ok" and status[-1] == "not run"
+
+
+# ------------------------------------------------------------------ determinism, threads
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unseeded_randomness_and_hashes_are_reproducible(mode):
+    cells = ["import random, torch\nR = torch.rand(3)\nH = hash('attention') % 1000\n"
+             "P = random.random()\ndef f():\n    return torch.cat([R, torch.tensor([H, P])])"]
+    values = []
+    for _ in range(2):
+        with session(cells, mode) as s:
+            s.start()
+            values.append(value(s.run(call("f"))))
+    assert torch.equal(values[0], values[1])
+
+
+def test_sessions_in_threads():
+    cells = ["import torch\ndef f(x):\n    return x * 3"]
+    results = {}
+
+    def grade(i):
+        with session(cells, "auto") as s:
+            results[i] = value(s.run(call("f", torch.full((2,), float(i))))).tolist()
+
+    threads = [threading.Thread(target=grade, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {i: [3.0 * i, 3.0 * i] for i in range(3)}
+
+
+def test_missing_names_wrong_types_and_nan_are_plain_outcomes():
+    cells = ["import torch\ndef words(x):\n    return 'not a tensor'\n"
+             "def nan(x):\n    return x * float('nan')\n"]
+    with session(cells, "auto") as s:
+        assert s.run(call("absent", torch.zeros(1))).error["type"] == "Missing"
+        assert s.run(call("words", torch.zeros(1))).returned == "str"
+        assert torch.isnan(value(s.run(call("nan", torch.zeros(2))))).all()
+
+
+def test_closed_session_and_run_without_start():
+    s = session(["import torch\ndef f(x):\n    return x"], "none")
+    assert value(s.run(call("f", torch.ones(1)))).tolist() == [1.0]  # start() is implicit
+    s.close()
+    assert s.run(call("f", torch.ones(1))).error["type"] == "Crash"
+    s.close()  # idempotent
+
+
+# ------------------------------------------------------------------ broken notebooks
+
+def _nb(cells, **top):
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                       "cells": [{"cell_type": t, "source": s, "metadata": {}, **(
+                           {"outputs": [], "execution_count": None} if t == "code" else {})}
+                                 for t, s in cells], **top})
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "empty"),
+    (b"   \n", "empty"),
+    (b'{"cells": [', "not valid JSON"),
+    (b"\xff\xfe\x00garbage", "not a text file"),
+    (b"[1, 2, 3]", "not a Jupyter notebook"),
+    (b'{"hello": "world"}', "not a Jupyter notebook"),
+    (b'{"nbformat": 5, "cells": []}', "version 5"),
+    (b'{"nbformat": 4, "cells": {"a": 1}}', "not a list"),
+    (b"[" * 100_000, "not valid JSON"),
+], ids=["empty", "blank", "truncated", "binary", "list", "other-json", "nbformat5", "cells-dict",
+        "deep-nesting"])
+def test_unreadable_notebooks_give_clear_messages(tmp_path, content, words):
+    path = tmp_path / "01_intuition.ipynb"
+    path.write_bytes(content)
+    with pytest.raises(NotebookError, match=words):
+        notebook_cells(path)
+
+
+def test_missing_file_is_a_notebook_error(tmp_path):
+    with pytest.raises(NotebookError, match="cannot read"):
+        notebook_cells(tmp_path / "nope.ipynb")
+
+
+def test_v3_and_v4_notebooks_and_empty_ones():
+    v4 = _nb([("markdown", "# hi"), ("code", ["import torch\n", "x = 1"]), ("raw", "r"),
+              ("code", "y = 2")])
+    assert parse_code_cells(v4) == ["import torch\nx = 1", "y = 2"]
+    v3 = json.dumps({"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [
+        {"cells": [{"cell_type": "code", "input": ["a = 1\n", "b = 2"], "language": "python",
+                    "outputs": []}, {"cell_type": "markdown", "source": "x"}]}]})
+    assert parse_code_cells(v3) == ["a = 1\nb = 2"]
+    assert parse_code_cells(_nb([])) == []
+    assert parse_code_cells(_nb([("markdown", "only text")])) == []
+
+
+def test_ipython_syntax_keeps_definitions():
+    source = ("%matplotlib inline\n!pip install nothing\nimport torch\n"
+              "def f(x):\n    %time y = x + 1\n    return y\ntorch.nn?\n")
+    py = to_python(source)
+    compile(py, "<cell>", "exec")
+    assert "def f(x):" in py and "    y = x + 1" in py
+    assert to_python("%%time\ndef g():\n    return 1\n").splitlines()[1] == "def g():"
+    assert "rm" not in to_python("%%bash\nrm -rf /\n")
+    with session([py, to_python("%%timeit -n 3\nz = f(torch.ones(1))\n"),
+                  "def h():\n    return z"], "auto") as s:
+        report = s.start()
+        assert [c["status"] for c in report["cells"]] == ["ok"] * 3, report
+        assert value(s.run(call("h"))).tolist() == [2.0]
+
+
+def test_a_broken_notebook_file_end_to_end(tmp_path):
+    path = tmp_path / "02_scaled_dot_product_attention.ipynb"
+    path.write_text(_nb([("code", "import torch\n"), ("code", "def f(x):\n    return x +"),
+                         ("code", "def g(x):\n    return x - 1")]))
+    with session(notebook_cells(path), "auto") as s:
+        report = s.start()
+        assert [c["status"] for c in report["cells"]] == ["ok", "error", "ok"]
+        assert report["cells"][1]["error"]["type"] == "SyntaxError"
+        assert s.run(call("f", torch.ones(1))).error["type"] == "Missing"
+        assert value(s.run(call("g", torch.ones(1)))).tolist() == [0.0]
+
+
+def test_mode_is_reported():
+    with session(["x = 1"], "none") as s:
+        report = s.start()
+        assert report["mode"] == "fallback" and "AUTOGRADER_SANDBOX=none" in report["note"]
+    if BWRAP_OK:
+        with session(["x = 1"], "auto") as s:
+            report = s.start()
+            assert report["mode"] == "bubblewrap" and report["note"] == ""
