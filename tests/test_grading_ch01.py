@@ -246,6 +246,24 @@ def test_equivalent_implementations_score_full_marks(name, src):
         assert full(e), (ex, [(c.case, c.message) for t in e["tests"] for c in t.cases if not c.passed])
 
 
+def test_unimplemented_stubs_score_zero_without_hints():
+    """What the untouched exercise notebook defines: every exercise raises NotImplementedError."""
+    ns = namespace()
+    for ex in CHAPTERS[CH].exercises:
+        exec(STUB[ex.kind].format(name=ex.name), ns)
+    for name, e in grade(ns).items():
+        assert e["score"] == 0, name
+        cases = [c for t in e["tests"] for c in t.cases]
+        assert cases and all(not c.passed and c.hint is None for c in cases), name
+
+
+STUB = {
+    "function": "def {name}(*args, **kwargs):\n    raise NotImplementedError()\n",
+    "module": ("class {name}(nn.Module):\n    def __init__(self, *args, **kwargs):\n"
+               "        super().__init__()\n        raise NotImplementedError()\n"),
+}
+
+
 def test_quick_cases_run_in_well_under_a_second():
     ref = load_reference(CH)
     execute(ref, build_cases(CH, "softmax", ref, seed=SELF_CHECK_SEED, quick=True)[0])  # warm-up

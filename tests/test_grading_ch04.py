@@ -315,9 +315,12 @@ CORRECT = [
             L, d = x.shape[-2], x.shape[-1]
             theta = 1.0 / base ** (torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
             angle = torch.outer(torch.arange(L, dtype=x.dtype, device=x.device), theta)   # (L, d/2)
-            z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())   # (..., L, d/2)
-            return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)).flatten(-2)
+            xf = x.float() if x.element_size() < 4 else x                   # complex half is patchy
+            z = torch.view_as_complex(xf.reshape(*x.shape[:-1], d // 2, 2).contiguous())  # (..., L, d/2)
+            rot = torch.polar(torch.ones_like(angle, dtype=xf.dtype), angle.to(xf.dtype))
+            return torch.view_as_real(z * rot).flatten(-2).to(x.dtype)
         """),
+    ("rope-template-in-x-dtype", rope()),
     ("rope-gptj-rotate-every-two", """
         def apply_rotary_embedding(x, base=10000.0):
             L, d = x.shape[-2], x.shape[-1]
@@ -351,6 +354,24 @@ def test_rotary_reference_depends_on_relative_position_only():
     for offset in range(-11, 12):
         diag = torch.diagonal(scores, offset)
         assert torch.allclose(diag, diag[0].expand_as(diag), atol=1e-10)
+
+
+def test_unimplemented_stubs_score_zero_without_hints():
+    """What the untouched exercise notebook defines: every exercise raises NotImplementedError."""
+    ns = namespace()
+    for ex in CHAPTERS[CH].exercises:
+        exec(STUB[ex.kind].format(name=ex.name), ns)
+    for name, e in grade(ns).items():
+        assert e["score"] == 0, name
+        cases = [c for t in e["tests"] for c in t.cases]
+        assert cases and all(not c.passed and c.hint is None for c in cases), name
+
+
+STUB = {
+    "function": "def {name}(*args, **kwargs):\n    raise NotImplementedError()\n",
+    "module": ("class {name}(nn.Module):\n    def __init__(self, *args, **kwargs):\n"
+               "        super().__init__()\n        raise NotImplementedError()\n"),
+}
 
 
 def test_quick_cases_run_in_well_under_a_second():

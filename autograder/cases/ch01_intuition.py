@@ -50,22 +50,20 @@ def _all_neg_inf_row(gen, rows: int, cols: int, row: int) -> torch.Tensor:
 
 def _softmax_cases(gen, quick):
     g = ["args.0"]
-    cs = [
-        call("inputs of ±1000, (6, 5), dim=-1 (exp overflows unless the max is subtracted)",
-             _huge(gen, 6, 5), grad=g),
-        call("3-D (2, 5, 3), dim=1", randn(gen, 2, 5, 3, scale=2.0), kwargs={"dim": 1}, grad=g),
-        call("-inf entries get probability 0, (4, 6)", _with_neg_inf(gen, 4, 6), grad=g),
-    ]
+    huge = call("inputs of ±1000, (6, 5), dim=-1 (exp overflows unless the max is subtracted)",
+                _huge(gen, 6, 5), grad=g)
+    dim1 = call("3-D (2, 5, 3), dim=1", randn(gen, 2, 5, 3, scale=2.0), kwargs={"dim": 1}, grad=g)
+    neg_inf = call("-inf entries get probability 0, (4, 6)", _with_neg_inf(gen, 4, 6), grad=g)
     if quick:
-        return cs
-    return cs + [
-        call("2-D (4, 7), default dim", randn(gen, 4, 7, scale=2.0), grad=g),
+        return [huge, dim1, neg_inf]
+    # Moderate inputs first: the CUDA test repeats the first cases in float16 / bfloat16, where
+    # inputs of ±1000 are too coarse for a fair comparison of equally stable formulas.
+    return [dim1, neg_inf, call("2-D (4, 7), default dim", randn(gen, 4, 7, scale=2.0), grad=g), huge] + [
         call("1-D vector (9,)", randn(gen, 9), grad=g),
         call("dim=0 on (5, 3)", randn(gen, 5, 3, scale=2.0), kwargs={"dim": 0}, grad=g),
         call("dim=-2 on 4-D (2, 3, 4, 5)", randn(gen, 2, 3, 4, 5), kwargs={"dim": -2}, grad=g),
         call("dim given positionally: softmax(x, 2) on (3, 2, 4)", randn(gen, 3, 2, 4), 2, grad=g),
-        call("inputs of ±1000 along dim=0, (5, 6)", _huge(gen, 6, 5).T.contiguous(),
-             kwargs={"dim": 0}, grad=g),
+        call("inputs of ±1000 along dim=0, (5, 6)", _huge(gen, 6, 5).T.contiguous(), kwargs={"dim": 0}),
         call("-inf entries along dim=1 of (2, 5, 3)",
              _with_neg_inf(gen, 2, 3, 5).transpose(1, 2).contiguous(), kwargs={"dim": 1}, grad=g),
         call("a single entry along dim (3, 1): probability 1", randn(gen, 3, 1), grad=g),
@@ -152,6 +150,12 @@ def softmax_hint(call, student, expected, mismatch) -> str | None:
     return None
 
 
+def _shape_error(mismatch) -> bool:
+    """Whether an error message is about shapes or dimensions (not NotImplementedError etc.)."""
+    words = ("size", "shape", "dimension", "mat1", "expand", "broadcast", "out of range")
+    return any(w in mismatch.message.split("\n")[0] for w in words)
+
+
 def _scores(query, keys):
     return (keys.double() @ query.double().unsqueeze(-1)).squeeze(-1)  # (..., n)
 
@@ -164,7 +168,7 @@ def pool_hint(call, student, expected, mismatch) -> str | None:
         if got and got[-1] == keys.shape[-1] != values.shape[-1]:
             return ("the output has the keys' feature size d: it is the weighted sum of the values, "
                     "(..., d_v)")
-    if mismatch.aspect in ("error", "shape") and batched:
+    if batched and (mismatch.aspect == "shape" or mismatch.aspect == "error" and _shape_error(mismatch)):
         return ("this works without batch dimensions but not with them: use keys @ query.unsqueeze(-1) "
                 "(or einsum over the last axis) and weights.unsqueeze(-2) @ values, not .T or fixed "
                 "dimension numbers")

@@ -172,7 +172,7 @@ def table_hint(call, student, expected, mismatch):
                     "(cos fills only the d_model // 2 odd columns)")
         if len(shape) == 3:
             return "return a (max_len, d_model) table without a batch dimension"
-    if mismatch.aspect == "error" and d_model % 2:
+    if mismatch.aspect == "error" and d_model % 2 and _shape_error(mismatch):
         return ("an odd d_model has one sine column more than cosine columns: "
                 "pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])")
     if mismatch.aspect == "dtype":
@@ -195,10 +195,11 @@ _LENGTH = ("check the sequence length first: raise ValueError when x.shape[1] > 
            "(x.shape[1] == max_len is allowed)")
 
 
-def _length_hint(call, mismatch):
+def _length_hint(call, student, mismatch):
     """The ValueError is missing, or raised for L == max_len too."""
     if mismatch.aspect == "expected-error":
-        return _LENGTH
+        unfinished = student.error and student.error.get("type") == "NotImplementedError"
+        return None if unfinished else _LENGTH
     if mismatch.aspect == "error" and mismatch.message.startswith("ValueError"):
         return "L == max_len is allowed: raise ValueError only when L > max_len (use >, not >=)"
     return None
@@ -219,7 +220,7 @@ def sinusoidal_module_hint(call, student, expected, mismatch):
                     ".to(device) moves it and it is not a trainable parameter)")
         return ("the buffer `pe` must be the (max_len, d_model) table itself, as "
                 "sinusoidal_positional_encoding(max_len, d_model) returns it")
-    h = _length_hint(call, mismatch)
+    h = _length_hint(call, student, mismatch)
     if h:
         return h
     if mismatch.aspect == "values" and student.outputs and student.outputs[0] is not None:
@@ -239,7 +240,7 @@ def sinusoidal_module_hint(call, student, expected, mismatch):
 
 
 def learned_hint(call, student, expected, mismatch):
-    h = _length_hint(call, mismatch)
+    h = _length_hint(call, student, mismatch)
     if h:
         return h
     if mismatch.aspect == "params":
@@ -276,6 +277,12 @@ def _rope(x, base=10000.0, *, halves=False, sign=1.0, exponent="2i", repeat=Fals
     return x * cos_full + rot * sin_full
 
 
+def _shape_error(mismatch) -> bool:
+    """Whether an error message is about shapes or dimensions (not NotImplementedError etc.)."""
+    words = ("size", "shape", "dimension", "mat1", "expand", "broadcast", "out of range")
+    return any(w in mismatch.message.split("\n")[0] for w in words)
+
+
 def _rope_base(call):
     if "base" in call.kwargs:
         return float(call.kwargs["base"])
@@ -284,7 +291,7 @@ def _rope_base(call):
 
 def rope_hint(call, student, expected, mismatch):
     x = call.args[0]
-    if mismatch.aspect in ("error", "shape") and x.dim() > 2:
+    if x.dim() > 2 and (mismatch.aspect == "shape" or mismatch.aspect == "error" and _shape_error(mismatch)):
         return ("this fails with leading batch dimensions: positions index the second-to-last axis "
                 "(L = x.shape[-2]) and pairs the last one; use ... indexing (x[..., 0::2])")
     if mismatch.aspect == "grads":
