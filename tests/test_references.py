@@ -772,3 +772,52 @@ def test_af_float32_and_meta(is_global):
     q, k, v = (mm.prepare_qkv_global if is_global else mm.prepare_qkv)(
         xm, xm[..., :3] if is_global else xm, xm[..., :3] if is_global else xm)
     assert q.device.type == "meta" and q.shape == ((2, 3, 2, 1, 3) if is_global else (2, 3, 2, 5, 3))
+
+
+# ============================================ every chapter on CUDA, where there is a GPU
+def _portable_calls(device: str) -> list:
+    """(name, output) pairs from every reference, run with inputs and modules on `device`."""
+    g = gen(40)
+    t = lambda *shape: randn(g, *shape, dtype=torch.float32).to(device)  # noqa: E731
+    out = []
+    out.append(("softmax", ch1()["softmax"](t(3, 4) * 1000, dim=0)))
+    out.append(("attention_pool", ch1()["attention_pool"](t(2, 4), t(2, 5, 4), t(2, 5, 3))[0]))
+    mask = (torch.rand(3, 5, generator=g) > 0.3).to(device)
+    mask[0] = False
+    out.append(("sdpa", ch2()["scaled_dot_product_attention"](t(2, 3, 4), t(2, 5, 4), t(2, 5, 6), mask=mask)[0]))
+    torch.manual_seed(0)
+    for name, module, args in [
+        ("SelfAttention", ch2()["SelfAttention"](4, 3), (t(2, 5, 4),)),
+        ("MultiHeadAttention", ch3()["MultiHeadAttention"](8, 2), (t(2, 5, 8), t(2, 3, 8))),
+        ("MultiHeadSelfAttention", ch3()["MultiHeadSelfAttention"](8, 2), (t(2, 5, 8),)),
+        ("SinusoidalPositionalEncoding", ch4()["SinusoidalPositionalEncoding"](8, 10), (t(2, 5, 8),)),
+        ("LearnedPositionalEmbedding", ch4()["LearnedPositionalEmbedding"](10, 8), (t(2, 5, 8),)),
+        ("af", ch6()["MultiHeadAttention"](6, 3, 2, -2, gated=True), (t(3, 5, 6),)),
+        ("af_global", ch6()["MultiHeadAttention"](6, 3, 2, -2, gated=True, is_global=True), (t(3, 5, 6),)),
+    ]:
+        distinct_weights(module, gen(41))
+        result = module.to(device)(*args)
+        out.append((name, result[0] if isinstance(result, tuple) else result))
+    out.append(("rope", ch4()["apply_rotary_embedding"](t(2, 5, 8))))
+    with torch.device(device):
+        out.append(("sinusoidal", ch4()["sinusoidal_positional_encoding"](7, 5)))
+    out.append(("causal", ch5()["causal_mask"](4, device=device)))
+    tokens = torch.tensor([[1, 2, 0], [3, 0, 0]], device=device)
+    out.append(("decoder", ch5()["decoder_mask"](tokens)))
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_references_on_cuda_match_cpu():
+    for (name, got), (_, expected) in zip(_portable_calls("cuda"), _portable_calls("cpu")):
+        assert got.device.type == "cuda", name
+        assert got.dtype == expected.dtype, name
+        if got.is_floating_point():
+            assert_close(got.cpu(), expected, torch.float32, rtol=1e-4, atol=1e-5)
+        else:
+            assert torch.equal(got.cpu(), expected), name
+
+
+def test_portable_calls_run_on_cpu():
+    for name, value in _portable_calls("cpu"):
+        assert value.device.type == "cpu" and (not value.is_floating_point() or torch.isfinite(value).all()), name
