@@ -276,7 +276,7 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
         setpriv = shutil.which("setpriv")
         if setpriv:
             args += ["--", setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                     "--no-new-privs", "--"]
+                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
         else:
             args += ["--"]  # the worker drops privileges itself (config "drop")
     else:

@@ -204,6 +204,7 @@ class StudentSession:
         self._start_error: str | None = None
         self._closed = False
         self._call_id = 0
+        self._defined: list[str] = []
         self._workdir = tempfile.mkdtemp(prefix="autograder-session-")
         os.chmod(self._workdir, 0o700)
         self.last_output = ""   # what the last call printed (capped)
@@ -229,11 +230,17 @@ class StudentSession:
         """Run the notebook's cells (once; later calls return the same report).
 
         Returns:
-            {"mode": "bubblewrap"|"fallback", "note": str ("" unless the fallback is used),
+            {"mode" (also "sandbox"): "bubblewrap"|"fallback",
+             "note" (also "sandbox_note"): "" unless the fallback is used, else why and what it
+                 means,
              "error": None or why the notebook could not run at all,
-             "cells": [{"cell": n (1-based, code cells only), "status": "ok"|"error"|"timeout"|
-                        "crash"|"not run", "error": None or {"type", "message", "where"},
-                        "seconds": float, "output": str (capped)}],
+             "cells": [{"cell" (also "index"): n (1-based, code cells only),
+                        "status": "ok"|"error"|"timeout"|"crash"|"not run",
+                        "error": None or {"type", "message", "where"},
+                        "message": "" or the error in one line, "seconds": float,
+                        "output": str (capped)}],
+             "output": every cell's output, "[cell n]"-headed (capped),
+             "defined": the notebook's top-level names at the end (none starting with "_"),
              "startup_seconds": float, "seconds": float}
         """
         with self._lock:
@@ -263,14 +270,19 @@ class StudentSession:
             cells = []
             for n in range(1, len(self.cells) + 1):
                 entry = report[n] or {"cell": n, "status": "not run", "error": None, "seconds": 0.0}
-                if n in captures:
-                    entry["output"] = captures[n].text()
-                entry.setdefault("output", "")
+                entry["output"] = captures[n].text() if n in captures else ""
+                entry["index"] = n
+                entry["message"] = _cell_message(entry)
                 cells.append(entry)
+            output = "".join(f"[cell {c['cell']}]\n{c['output'].rstrip()}\n" for c in cells
+                             if c["output"].strip())
             self._report = {
                 "mode": self.mode, "note": self.note, "error": error, "cells": cells,
+                "defined": list(self._defined), "output": output,
                 "startup_seconds": self.startup_seconds[0] if self.startup_seconds else None,
                 "seconds": time.monotonic() - t0,
+                # the same facts under the names grading.py reads
+                "sandbox": self.mode, "sandbox_note": self.note,
             }
             return self._report
 
@@ -397,7 +409,8 @@ class StudentSession:
         if not self._send({"op": "cells", "cells": self.cells, "skip": sorted(self._skip),
                            "timeout": limits.cell_timeout, "budget": left},
                           time.monotonic() + 30):
-            return self._lost(report, None, "dead")
+            self._kill()  # died before it could read the cells: no cell is to blame
+            return "restart"
         expected = 1
         while True:
             running = expected if expected <= len(self.cells) else None
@@ -413,6 +426,9 @@ class StudentSession:
                     expected += 1
                     continue
                 if kind == "cells_done" and running is None:
+                    names = event.get("defined")
+                    if isinstance(names, list):
+                        self._defined = sorted({n for n in names if isinstance(n, str)})
                     return "done"
                 event = ("malformed", f"unexpected message {str(kind)[:40]!r}")
             return self._lost(report, running, event)
@@ -428,6 +444,8 @@ class StudentSession:
                        "interrupted, so the grader stopped it")
         else:
             child = self._child
+            if child is not None:
+                child.wait(2)
             self._kill()
             message = "crashed the grading process: it " + (
                 child.exit_description() if child else "ended")
@@ -510,6 +528,8 @@ class StudentSession:
                 "interrupted, so the grader stopped it (an infinite loop?)")
         elif event == "dead":
             child = self._child
+            if child is not None:
+                child.wait(2)  # its own exit status, not the SIGKILL of the clean-up below
             self._kill()
             outcome = Outcome.failure(
                 "Crash", f"{name} crashed the grading process: it "
@@ -525,6 +545,19 @@ class StudentSession:
             self._channel.drain_output()
         self.last_output = capture.text()
         return outcome
+
+
+def _cell_message(entry: dict) -> str:
+    err = entry.get("error")
+    if entry["status"] == "not run":
+        return "not run: the notebook's time budget ran out before this cell"
+    if not err:
+        return ""
+    where = f" ({err['where'].splitlines()[-1]})" if err.get("where") and \
+        err["where"] != f"<cell {entry['cell']}>" else ""
+    if err.get("type") in ("Timeout", "Crash"):
+        return err.get("message", "") + where
+    return f"{err.get('type')}: {err.get('message', '')}{where}"
 
 
 # ------------------------------------------------------------------------------ validation

@@ -12,7 +12,7 @@ Protocol (every message is an `autograder.wire` frame, never pickle):
                "budget": s}                                  (budget: all cells together)
     child  -> {"event": "cell", "cell": n, "status": "ok"|"error"|"timeout"|"skipped"|"not run",
                "error": {...} | None, "seconds"}              one per cell, numbered from 1
-    child  -> {"event": "cells_done"}
+    child  -> {"event": "cells_done", "defined": [names]}     the notebook's top-level names
     parent -> {"op": "call", "id": k, "call": Call.to_plain(), "timeout": s}
     child  -> {"event": "outcome", "id": k, "outcome": Outcome.to_plain()}
 After every cell and every call the child writes "\\0<token>\\0" to stdout, so the parent can
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import linecache
 import os
 import signal
 import sys
@@ -269,8 +270,12 @@ def main(argv: list[str]) -> None:
                 t0 = time.perf_counter()
                 cell_timeout = min(timeout, left)
 
-                def run_cell(source=source, number=number):
-                    exec(compile(source, f"<cell {number}>", "exec", dont_inherit=True), namespace)
+                name = f"<cell {number}>"
+                # so tracebacks (in cells and later in calls) show the student's lines
+                linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+
+                def run_cell(source=source, name=name):
+                    exec(compile(source, name, "exec", dont_inherit=True), namespace)
 
                 status, _, exc = guarded(run_cell, cell_timeout)
                 _not_main()
@@ -286,7 +291,9 @@ def main(argv: list[str]) -> None:
                 end_of_output()
                 send({"event": "cell", "cell": number, "status": status, "error": error,
                       "seconds": time.perf_counter() - t0})
-            send({"event": "cells_done"})
+            defined = [k for k in namespace if isinstance(k, str) and not k.startswith("_")
+                       and k not in ("get_ipython", "display")]
+            send({"event": "cells_done", "defined": [k[:200] for k in defined[:5000]]})
         elif op == "call":
             timeout = float(message["timeout"])
             status = "error"
