@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Aten-level names (the op's overload packet name) that count as "PyTorch's ready-made attention".
-# Matched at the dispatch level, so aliases, torch.ops.aten and torch._C all reach them.
+# Op names (torch.ops.aten overload packets, also torch.* functions of the same name) that count as
+# "PyTorch's ready-made attention". Recorded through a TorchFunctionMode (execute.py), which
+# every route passes: torch.*, Tensor methods, aliases, torch.ops.aten and torch._C bindings.
 ATTENTION_OPS = frozenset({
     "scaled_dot_product_attention",
     "_scaled_dot_product_attention_math",
@@ -22,7 +23,7 @@ ATTENTION_OPS = frozenset({
     "_native_multi_head_attention",
     "_transformer_encoder_layer_fwd",
 })
-# Python-level functions seen through a TorchFunctionMode (they decompose into ordinary aten ops).
+# Python-level functions (they decompose into ordinary aten ops, so only their name shows them).
 ATTENTION_FUNCTIONS = frozenset({
     "scaled_dot_product_attention",
     "multi_head_attention_forward",

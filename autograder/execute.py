@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .calls import Call, Outcome
 from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
@@ -23,33 +22,49 @@ WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
 _HIDDEN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(os.__file__))
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Records watched aten ops however they were reached (aliases, torch.ops.aten, torch._C)."""
-
-    def __init__(self, seen: set):
-        super().__init__()
-        self.seen = seen
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in WATCHED_OPS:
-            self.seen.add(f"aten.{name}")
-        return func(*args, **(kwargs or {}))
-
-
-class _FunctionRecorder(TorchFunctionMode):
-    """Records watched Python-level functions (multi_head_attention_forward decomposes into
-    ordinary aten ops, so only this level sees it)."""
+class _Recorder(TorchFunctionMode):
+    """Records watched torch functions however they are reached: torch.*, Tensor methods,
+    torch.nn.functional, aliases, torch.ops.aten.* and torch._C bindings all pass through
+    __torch_function__ while a mode is active. (A TorchDispatchMode would also see ops that C++
+    calls internally, but entering one makes some ops import torch._dynamo: seconds per child.)"""
 
     def __init__(self, seen: set):
         super().__init__()
         self.seen = seen
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
+        name = getattr(func, "__name__", "").split(".")[0]  # "_softmax.default" -> "_softmax"
+        if name in WATCHED_OPS:
+            self.seen.add(f"aten.{name}")
         if name in WATCHED_FUNCTIONS:
             self.seen.add(name)
         return func(*args, **(kwargs or {}))
+
+
+def _avoid_dynamo_import() -> None:
+    """While a TorchFunctionMode is active, some ops (torch.isfinite, ...) run through Python
+    references wrapped in torch._compile._disable_dynamo, whose first call imports torch._dynamo:
+    2-3 s, which would make the first self-check of a kernel (and every grading child) slow.
+    Nothing here is being compiled, so mark those wrapped functions as already "disabled"
+    (their own function), as the wrapper itself would cache it after the import."""
+    import gc
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    code = torch._compile._disable_dynamo(lambda: None).__code__
+    for obj in gc.get_objects():
+        if type(obj) is _FUNCTION and obj.__code__ is code:
+            fn = obj.__closure__[code.co_freevars.index("fn")].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                try:
+                    fn.__dynamo_disable = fn
+                except (AttributeError, TypeError):
+                    pass
+
+
+_FUNCTION = type(_avoid_dynamo_import)
+_avoid_dynamo_import()
 
 
 def student_frames(tb) -> str:
@@ -145,7 +160,7 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
         fn = target
         module = None
         if call.init is not None:
-            with _FunctionRecorder(seen), _OpRecorder(seen):
+            with _Recorder(seen):
                 module = target(**call.init)
             if not isinstance(module, torch.nn.Module):
                 return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
@@ -173,7 +188,7 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
 
         torch.manual_seed(call.seed)
         defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
-        with defaults, _FunctionRecorder(seen), _OpRecorder(seen):
+        with defaults, _Recorder(seen):
             value = fn(*args, **kwargs)
         out.returned = _describe(value)
         flat = _flatten(value)

@@ -185,13 +185,13 @@ class Grader:
 
     # -- one notebook -------------------------------------------------------------------------
     def grade_notebook(self, path: Path, chapter: Chapter) -> ChapterResult:
-        from .notebook import NotebookError, read_cells
+        from .notebook import NotebookError, notebook_cells
         from .session import StudentSession
 
         start = time.perf_counter()
         result = ChapterResult(chapter.id, str(path))
         try:
-            cells = read_cells(path)
+            cells = notebook_cells(path)
         except NotebookError as e:
             result.notes.append(str(e))
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
