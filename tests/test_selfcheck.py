@@ -1,0 +1,81 @@
+"""The student-side check: fixtures in sync with the references, fast, and a useful diagnosis."""
+import contextlib
+import io
+import math
+import time
+
+import pytest
+import torch
+
+from autograder import wire
+from autograder.contract import CHAPTERS
+from autograder.references import load_reference
+from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check
+
+
+def _same(a, b, path="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), path
+        for k in a:
+            _same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and path.endswith("seconds"):
+        pass  # timings differ run to run
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), path
+    else:
+        assert a == b, path
+
+
+def test_committed_fixtures_match_the_references():
+    """Fails when a solution changed without `python -m autograder selfcheck-data`."""
+    fresh = wire.decode(wire.encode(build_fixtures()))
+    _same(fresh, wire.load(DATA))
+
+
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_references_pass_their_self_checks_quickly(chapter):
+    ref = load_reference(chapter)
+    for ex in CHAPTERS[chapter].exercises:
+        check(chapter, ex.name, ref[ex.target])  # warm-up: first calls pay one-off costs
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert check(chapter, ex.name, ref[ex.target]) is True
+        assert time.perf_counter() - start < 1.0, f"{ex.name} self-check too slow"
+        assert "✓" in out.getvalue()
+
+
+def test_a_stub_is_reported_as_not_implemented():
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        raise NotImplementedError()
+
+    with pytest.raises(SelfCheckFailed, match="not implemented yet"):
+        check("02_scaled_dot_product_attention", "scaled_dot_product_attention", scaled_dot_product_attention)
+
+
+def test_an_unscaled_attention_gets_a_diagnosis_with_numbers_and_a_hint():
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = torch.nan_to_num(torch.softmax(scores, dim=-1))
+        return w @ v, w
+
+    with pytest.raises(SelfCheckFailed) as e:
+        check("02_scaled_dot_product_attention", "scaled_dot_product_attention", scaled_dot_product_attention)
+    text = str(e.value)
+    assert "largest absolute error" in text and "at index" in text
+    assert "hint: scores look unscaled" in text
+    assert "def " not in text and "reference" not in text.lower().replace("differs from the reference", "")
+
+
+def test_without_raising_the_check_prints_and_returns_false(capsys):
+    assert check("05_masks", "causal_mask", lambda seq_len, device=None: torch.ones(seq_len, seq_len,
+                 dtype=torch.bool, device=device), raise_on_failure=False) is False
+    assert "✗ causal_mask" in capsys.readouterr().out
