@@ -323,16 +323,19 @@ def test_pytorch_ready_made_attention_scores_zero_with_a_note(src):
 
 def test_quick_cases_are_few_and_run_in_well_under_a_second():
     ref = load_reference(CH)
-    execute(ref, build_cases(CH, "split_heads", ref, seed=SELF_CHECK_SEED, quick=True)[0])  # warm-up
-    start = time.perf_counter()
-    for ex in CHAPTERS[CH].exercises:
-        calls = build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
-        assert 2 <= len(calls) <= 3
-        for c in calls:
-            execute(ref, c)
-            if not c.train:
-                execute(ref, c.on("meta", "float32"))
-    assert time.perf_counter() - start < 1.0
+    calls = {ex.name: build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
+             for ex in CHAPTERS[CH].exercises}
+    assert all(2 <= len(c) <= 3 for c in calls.values()), {k: len(c) for k, c in calls.items()}
+    times = []
+    for _ in range(3):  # the best of three: other processes may share the CPU
+        start = time.perf_counter()
+        for ex in CHAPTERS[CH].exercises:
+            for c in build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True):
+                execute(ref, c)
+                if not c.train:
+                    execute(ref, c.on("meta", "float32"))
+        times.append(time.perf_counter() - start)
+    assert min(times) < 1.0, times
 
 
 def test_every_parameter_gets_its_own_weights():
@@ -413,3 +416,32 @@ def test_dropout_cases_in_eval_mode_and_with_p_zero_are_graded_by_value():
     ref = load_reference(CH)
     names = [c.case for c in build_cases(CH, "MultiHeadAttention", ref, seed=GRADER.seed)]
     assert any("eval mode" in n for n in names) and any("dropout=0.0 in training mode" in n for n in names)
+
+
+def test_training_mode_dropout_is_graded_once_the_grader_routes_comparisons_by_chapter(monkeypatch):
+    """The framework change this chapter asks for, simulated: `autograder.cases.compare` dispatches
+    to a chapter's own `compare`, and the grader uses it. Then the training-mode probe is graded:
+    the reference and an own-RNG dropout pass, a module that never drops loses that case only."""
+    import autograder.cases as registry
+    import autograder.grading as grading
+
+    plain = grading.compare
+
+    def chapter_compare(call, student, expected):
+        own = getattr(registry._module(call.chapter), "compare", None)
+        return own(call, student, expected) if own else plain(call, student, expected)
+
+    assert not any("training mode: weights dropped" in c.case
+                   for c in build_cases(CH, "MultiHeadAttention", load_reference(CH), seed=GRADER.seed))
+    monkeypatch.setattr(registry, "compare", chapter_compare, raising=False)
+    monkeypatch.setattr(grading, "compare", chapter_compare)
+    monkeypatch.setattr(grading, "REFERENCES", grading.ReferenceCache())
+    names = [c.case for c in build_cases(CH, "MultiHeadAttention", load_reference(CH), seed=GRADER.seed)]
+    assert any("training mode: weights dropped" in n for n in names)
+
+    assert full(grade(namespace())["MultiHeadAttention"])
+    own_rng = _dropout_variant(DROPOUT_OK["own-bernoulli-mask"])
+    assert full(grade(own_rng)["MultiHeadAttention"])
+    never = grade(_dropout_variant(DROPOUT_BAD["never-in-training"][0]))["MultiHeadAttention"]
+    assert [c.case for t in never["tests"] for c in t.cases if not c.passed] == [
+        n for n in names if "training mode: weights dropped" in n]
