@@ -313,8 +313,12 @@ class StudentSession:
         last = ""
         for _ in range(2):  # one retry: a start-up failure is not the student's doing
             t0 = time.monotonic()
-            child = Child(self.mode, self.limits, self._hidden, self._workdir or "/",
-                          secrets.token_hex(16))
+            try:
+                child = Child(self.mode, self.limits, self._hidden, self._workdir or "/",
+                              secrets.token_hex(16))
+            except OSError as e:
+                last = f"the grading process could not be started ({e})"
+                continue
             channel = _Channel(child, self.limits.result_cap)
             startup = _Capture(_Budget(4096))
             channel.captures[0] = startup

@@ -110,8 +110,9 @@ def _prepare(config: dict) -> None:
         os.setuid(drop[0])
         _prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
     sys.path[:] = config["sys_path"]
-    if config.get("subreaper"):
+    if config.get("subreaper"):  # the fallback: no PID namespace to do these for us
         _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the student's code stay ours
+        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with the grader
     os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
 
 

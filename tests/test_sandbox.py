@@ -588,3 +588,40 @@ def test_mode_is_reported():
         with session(["x = 1"], "auto") as s:
             report = s.start()
             assert report["mode"] == "bubblewrap" and report["note"] == ""
+
+
+@needs_bwrap
+def test_everything_dies_with_a_killed_grader(tmp_path):
+    """SIGKILL to the grader itself (no close(), no clean-up): bwrap's --die-with-parent and
+    the PID namespace still take the worker and the student's daemon with it."""
+    marker = f"orphan-{uuid.uuid4().hex}"
+    script = tmp_path / "grader.py"
+    script.write_text(f'''
+import sys
+sys.path.insert(0, {str(REPO_DIR)!r})
+from autograder.session import StudentSession, Limits
+cells = ["""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
+    os._exit(0)
+os.wait()
+""", "print('ready', flush=True)", "while True:\\n    pass"]
+s = StudentSession(cells, Limits(cell_timeout=60, notebook_timeout=120), sandbox="bubblewrap")
+s.start()
+''')
+    grader = subprocess.Popen([os.sys.executable, str(script)], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while len(processes_with(marker)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker), "the daemon should be running"
+    finally:
+        grader.kill()
+        grader.wait()
+    deadline = time.monotonic() + 5
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == []
