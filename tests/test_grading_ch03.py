@@ -226,7 +226,7 @@ CORRECT = [
         def _attend(q, k, v, mask):
             s = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
             if mask is not None:
-                bias = torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask
+                bias = torch.where(mask, 0.0, float("-inf")).to(s.dtype) if mask.dtype == torch.bool else mask
                 s = s + bias
             m = s.amax(-1, keepdim=True)
             m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))

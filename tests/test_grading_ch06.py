@@ -57,8 +57,8 @@ def test_reference_scores_full_marks():
 
 
 # The module written independently of the reference: forward does its own head split (so a broken
-# prepare_qkv only costs prepare_qkv), works in a (*, L, H, c) layout with einsum, and masks with a
-# large negative number times the mask. A template: each buggy variant changes one marked line.
+# prepare_qkv only costs prepare_qkv), works in a (*, L, H, c) layout with einsum, and masks by filling
+# with the dtype's lowest value and multiplying by the mask. A template: each buggy variant changes one marked line.
 AF = """
 class MultiHeadAttention(nn.Module):
     def __init__(self, c_in, c, N_head, attn_dim, gated=False, is_global=False, use_bias_for_embeddings=False):
@@ -108,7 +108,7 @@ class MultiHeadAttention(nn.Module):
             s = s + b
         if attention_mask is not None:
             keep = (attention_mask != 0)[..., None, None, :]                    # @f-mask (*, 1, 1, k)
-            w = torch.softmax(s.masked_fill(~keep, -1e30), dim=-1) * keep      # @f-dead
+            w = torch.softmax(s.masked_fill(~keep, torch.finfo(s.dtype).min), dim=-1) * keep  # @f-dead
         else:
             w = torch.softmax(s, dim=-1)                                        # @f-softmax
         o = torch.einsum("...hqk,...khc->...qhc", w, v).flatten(-2)             # (*, q, H*c)
@@ -161,7 +161,8 @@ BUGGY = [
     ("bias-right-aligned", "MultiHeadAttention", patch(AF, "f-bias", "break"), "broadcast from the right"),
     ("mask-on-queries", "MultiHeadAttention", patch(patch(
         AF, "f-mask", "keep = (attention_mask != 0)[..., None, :, None]"),
-        "f-dead", "w = torch.softmax(s.masked_fill(~keep, -1e30), dim=-1) * keep"), "acts on the queries"),
+        "f-dead", "w = torch.softmax(s.masked_fill(~keep, torch.finfo(s.dtype).min), dim=-1) * keep"),
+        "acts on the queries"),
     ("mask-inverted", "MultiHeadAttention",
      patch(AF, "f-mask", "keep = (attention_mask == 0)[..., None, None, :]"), "inverted"),
     ("attn-dim-ignored", "MultiHeadAttention", patch(patch(
