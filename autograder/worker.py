@@ -191,11 +191,10 @@ def main(argv: list[str]) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    from . import execute as _execute_module
     from .calls import Call, Outcome
     from .execute import describe_error, execute
 
-    _skip_dynamo_import(_execute_module)
+    _stub_selfcheck()
     from .wire import WireError, encode, read_frame
 
     separator = b"\0" + config["token"].encode() + b"\0"
@@ -327,16 +326,16 @@ def main(argv: list[str]) -> None:
     os._exit(0)  # no atexit handlers, no waiting for the student's threads
 
 
-def _skip_dynamo_import(module) -> None:
-    """TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose
-    first call imports torch._dynamo: 1.3-1.8 s per child, more than importing torch. The
-    recorder is never compiled, so unwrap it (a no-op once execute.py opts out itself)."""
-    for cls in vars(module).values():
-        try:
-            wrapped = cls.__dict__["__torch_dispatch__"].__wrapped__
-        except (AttributeError, KeyError, TypeError):
-            continue
-        cls.__torch_dispatch__ = wrapped
+def _stub_selfcheck() -> None:
+    """The notebook's self-check cells import autograder.selfcheck, which is not in the sandbox
+    (the grader grades by itself): give them a check() that does nothing, so they cost no time
+    and leave no misleading errors in the report."""
+    import types
+
+    stub = types.ModuleType(f"{__package__}.selfcheck")
+    stub.SelfCheckFailed = type("SelfCheckFailed", (AssertionError,), {})
+    stub.check = lambda *args, **kwargs: True
+    sys.modules[stub.__name__] = stub
 
 
 def _modes_left(torch) -> bool:
