@@ -46,7 +46,9 @@ class Mismatch:
 def _output_name(i: int, n: int) -> str:
     if n == 1:
         return "the result"
-    return {0: "the output", 1: "the weights"}.get(i, f"returned value #{i}")
+    if n == 2:
+        return ("the output", "the weights")[i]
+    return f"returned value #{i + 1}"
 
 
 def _fmt_shape(shape) -> str:
@@ -108,6 +110,8 @@ def compare(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
             return Mismatch(err["type"].lower(), err["message"])
         got = f"it raised {err['type']}: {err['message']}" if err else "it returned normally"
         return Mismatch("expected-error", f"this call must raise {call.expect_error}, but {got}.")
+    if err and err["type"] == "NotImplementedError":
+        return Mismatch("error", f"not implemented yet: `{call.target}` still raises NotImplementedError.")
     if err:
         aspect = {"Missing": "missing", "Timeout": "timeout", "Crash": "crash"}.get(err["type"], "error")
         where = f"\n{err['where']}" if err.get("where") else ""

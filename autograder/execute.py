@@ -168,6 +168,7 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
             # Parameters and buffers (non-persistent ones too), by name, with their shapes.
             out.params = {k: list(v.shape) for k, v in module.named_parameters()}
             out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
+            module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
             if call.state is not None:
                 state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
                 own = module.state_dict()

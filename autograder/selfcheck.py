@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import wire
 from .calls import Call, Outcome
-from .compare import Mismatch, compare, compare_meta
+from .compare import Mismatch, compare_meta
 from .contract import CHAPTERS
 from .execute import execute
 
@@ -58,7 +58,7 @@ def write_fixtures(path: Path = DATA) -> None:
 
 def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object]]:
     """(call, mismatch or None) for each quick case, the meta-device run last."""
-    from .cases import hint
+    from .cases import compare, hint
 
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}
@@ -97,7 +97,7 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     c, m = failed[0]
     device = " on the meta device (device-portability check)" if c.device == "meta" else ""
     lines = [f"✗ {exercise}: failed on case '{c.case}'{device}", f"  {m.message}"]
-    if m.aspect == "error" and "NotImplementedError" in m.message:
+    if m.aspect == "error" and m.message.startswith("not implemented yet"):
         lines = [f"✗ {exercise}: not implemented yet (the stub raises NotImplementedError)."]
     elif m.hint:
         lines.append(f"  hint: {m.hint}")

@@ -6,6 +6,10 @@ Each chapter module defines
     hint(call, student, expected, mismatch) -> str | None
                                                      # names the likely mistake, from the call's
                                                      # inputs and the student's outputs alone
+and may define
+    compare(call, student, expected) -> Mismatch | None
+                                                     # its own comparison (e.g. training-mode
+                                                     # dropout, graded by properties)
 The chapter, exercise and target fields of each Call are filled in here.
 """
 from __future__ import annotations
@@ -27,6 +31,14 @@ def build_cases(chapter: str, exercise: str, ref: dict, *, seed: int, quick: boo
     calls = _module(chapter).cases(exercise, generator(seed, chapter, exercise), ref, quick)
     return [dataclasses.replace(c, chapter=chapter, exercise=exercise, target=c.target or ex.target)
             for c in calls]
+
+
+def compare(call: Call, student: Outcome, expected: Outcome):
+    """The chapter's own comparison where it has one, else `autograder.compare.compare`."""
+    from .. import compare as generic
+
+    own = getattr(_module(call.chapter), "compare", None)
+    return (own or generic.compare)(call, student, expected)
 
 
 def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:

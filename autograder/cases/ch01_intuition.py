@@ -74,6 +74,17 @@ def _softmax_cases(gen, quick):
     ]
 
 
+def _large_scores(gen, batch: int, n: int, d: int) -> tuple:
+    """query (batch, d) and keys (batch, n, d) whose dot products are exactly +1000 for key 0,
+    -800 for key 1 and small for the others: a naive exp overflows, the weights are one-hot."""
+    query = randn(gen, batch, d, scale=3.0)
+    keys = randn(gen, batch, n, d)
+    sq = (query * query).sum(-1, keepdim=True)          # (batch, 1)
+    keys[:, 0] = query * (1000.0 / sq)
+    keys[:, 1] = query * (-800.0 / sq)
+    return query, keys
+
+
 def _pool_cases(gen, quick):
     g = ["args.0", "args.1", "args.2"]
     cs = [
@@ -87,8 +98,8 @@ def _pool_cases(gen, quick):
     return cs + [
         call("batch (4,): query (4, 3), keys (4, 5, 3), values (4, 5, 6)",
              randn(gen, 4, 3), randn(gen, 4, 5, 3), randn(gen, 4, 5, 6), grad=g),
-        call("large dot products (up to ~±2000): the weights must stay finite",
-             randn(gen, 3, 8, scale=15.0), randn(gen, 3, 6, 8, scale=15.0), randn(gen, 3, 6, 4), grad=g),
+        call("large dot products (+1000 and -800): the weights must stay finite",
+             *_large_scores(gen, 3, 6, 8), randn(gen, 3, 6, 4), grad=g),
         call("one key (n = 1): weight 1, output = that value",
              randn(gen, 2, 5), randn(gen, 2, 1, 5), randn(gen, 2, 1, 3), grad=g),
         call("d = 1 (odd sizes), n = 5, d_v = 7",

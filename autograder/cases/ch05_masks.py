@@ -40,11 +40,15 @@ def _causal_cases(quick):
 
 
 def tokens(gen, B: int, L: int, pads: list, pad_id: int = 0, dtype=torch.int64) -> torch.Tensor:
-    """Random token ids in [0, 20) other than pad_id (0 is an ordinary token when pad_id != 0),
-    with pad_id written at the positions listed per row (`pads[b]`, a list of positions)."""
+    """Random token ids in [0, 20) other than pad_id, with pad_id written at the positions listed
+    per row (`pads[b]`, a list of positions). When pad_id != 0, every row with a real token holds
+    a 0 too, so an implementation that ignores pad_id (compares with 0) shows."""
     t = torch.randint(0, 19, (B, L), generator=gen)
     t = t + (t >= pad_id).long()  # skip pad_id itself
     for b, positions in enumerate(pads):
+        real = [p for p in range(L) if p not in positions]
+        if pad_id != 0 and real:
+            t[b, real[int(torch.randint(len(real), (1,), generator=gen))]] = 0
         for p in positions:
             t[b, p] = pad_id
     return t.to(dtype)

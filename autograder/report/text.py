@@ -19,9 +19,11 @@ def exercise_lines(tests: list[TestResult]) -> list[str]:
     for note in notes:
         lines.append(f"      {note}")
     if not notes:
+        shown = set()
         for t in tests:
             f = t.first_failure
-            if f:
+            if f and f.message not in shown:
+                shown.add(f.message)
                 on = "" if t.device == "cpu" else f" [{t.device}, {f.dtype}]"
                 lines.append(f"      first failure{on}: {f.case}")
                 lines.extend(f"        {line}" for line in f.message.splitlines())
