@@ -1,0 +1,170 @@
+"""Grading whole notebooks end to end: the CLI, the reports, batch grading, and submissions as
+students write them (helper cells, plots, magics, reordered cells, other formulas, bugs)."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.batch import grade_class
+from autograder.contract import CHAPTERS
+from autograder.grading import Grader
+from autograder.references import load_reference
+
+REPO = Path(__file__).resolve().parent.parent
+CH2 = "02_scaled_dot_product_attention"
+TOTAL = sum(c.points for c in CHAPTERS.values())
+
+
+def notebook(path: Path, *cells: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, path)
+    return path
+
+
+def scores(result) -> dict:
+    out = {}
+    for ch in result.chapters:
+        for t in ch.tests:
+            out[t.exercise] = out.get(t.exercise, 0) + t.score
+    return out
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograder", *args], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+
+
+def test_cli_solutions_score_full_marks_with_json_and_html(tmp_path):
+    r = cli("grade", "solutions", "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "f.html"))
+    assert r.returncode == 0, r.stderr
+    assert f"Total: {TOTAL} / {TOTAL}" in r.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["score"] == pytest.approx(TOTAL)
+    assert len(data["tests"]) == 2 * sum(len(c.exercises) for c in CHAPTERS.values())
+    assert {t["extra_data"]["device"] for t in data["tests"]} <= {"cpu", "meta", "cuda"}
+    assert "<html" in (tmp_path / "f.html").read_text()
+
+
+def test_cli_untouched_exercises_score_zero_with_clear_messages(tmp_path):
+    r = cli("grade", "exercises", "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr
+    assert f"Total: 0 / {TOTAL}" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["score"] == 0
+    for t in data["tests"]:
+        assert t["score"] == 0 and "not implemented yet" in t["output"], t
+
+
+def test_cli_usage_errors_exit_2():
+    assert cli("grade", "no/such/path.ipynb").returncode == 2
+    assert cli("grade").returncode == 2
+    assert cli("frobnicate").returncode == 2
+    r = cli("grade", "--help")
+    assert r.returncode == 0 and "--json" in r.stdout and "--device" in r.stdout
+
+
+CORRECT_DIFFERENTLY = [
+    "%matplotlib inline\nimport math\nimport torch\n!echo installing nothing",
+    "def _scores(q, k):\n    return torch.einsum('...qd,...kd->...qk', q, k) / math.sqrt(q.shape[-1])",
+    "%%time\ndef scaled_dot_product_attention(q, k, v, mask=None):\n"
+    "    s = _scores(q, k)\n"
+    "    if mask is not None:\n"
+    "        s = s.masked_fill(~mask, float('-inf')) if mask.dtype == torch.bool else s + mask\n"
+    "    m = s.amax(dim=-1, keepdim=True)\n"
+    "    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))\n"
+    "    e = torch.exp(s - m)\n"
+    "    z = e.sum(dim=-1, keepdim=True)\n"
+    "    w = torch.where(z > 0, e / z.clamp_min(torch.finfo(e.dtype).tiny), torch.zeros_like(e))\n"
+    "    return torch.einsum('...qk,...kd->...qd', w, v), w",
+    "import matplotlib.pyplot as plt\nx = torch.randn(4, 8)\n"
+    "_, w = scaled_dot_product_attention(x, x, x)\nplt.imshow(w)\nplt.show()\nw.sum(-1)",
+    "%timeit scaled_dot_product_attention(x, x, x)",
+    "class SelfAttention(torch.nn.Module):\n"
+    "    def __init__(self, d_model, d_k):\n"
+    "        super().__init__()\n"
+    "        self.W_q, self.W_k, self.W_v = (torch.nn.Linear(d_model, d_k, bias=False) for _ in range(3))\n"
+    "    def forward(self, x, mask=None):\n"
+    "        return scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x), mask)",
+    "raise RuntimeError('a cell that fails does not stop the grading')",
+]
+
+
+def test_correct_but_different_notebook_gets_full_marks(tmp_path):
+    nb = notebook(tmp_path / f"{CH2}.ipynb", *CORRECT_DIFFERENTLY)
+    result = Grader(device="cpu").grade_path(nb)
+    assert result.score == pytest.approx(CHAPTERS[CH2].points), [
+        (t.exercise, t.device, t.first_failure) for c in result.chapters for t in c.tests]
+    assert any("RuntimeError" in n for n in result.chapters[0].notes)
+
+
+def test_buggy_notebook_loses_credit_where_it_breaks_with_a_hint(tmp_path):
+    cells = list(CORRECT_DIFFERENTLY)
+    cells[1] = "def _scores(q, k):\n    return q @ k.transpose(-2, -1)"  # forgot 1/sqrt(d_k)
+    result = Grader(device="cpu").grade_path(notebook(tmp_path / f"{CH2}.ipynb", *cells))
+    s = scores(result)
+    assert s["scaled_dot_product_attention"] < 10 * 0.8
+    sdpa = next(t for t in result.chapters[0].tests if t.exercise == "scaled_dot_product_attention")
+    assert "unscaled" in (sdpa.first_failure.hint or "")
+    assert sdpa.first_failure.figure is not None  # the feedback page shows the weights
+
+
+def test_notebook_of_another_chapter_is_named(tmp_path):
+    src = nbformat.read(REPO / "solutions" / "03_multi_head_attention.ipynb", as_version=4)
+    nbformat.write(src, tmp_path / f"{CH2}.ipynb")
+    result = Grader(device="cpu").grade_path(tmp_path / f"{CH2}.ipynb")
+    assert result.score == 0
+    assert any("wrong notebook" in n and "03_multi_head_attention" in n for n in result.chapters[0].notes)
+
+
+def test_forbidden_builtin_in_a_notebook_scores_zero_and_says_why(tmp_path):
+    nb = notebook(tmp_path / f"{CH2}.ipynb",
+                  "import torch\nfrom torch.nn import functional as nnf\nsdpa = nnf.scaled_dot_product_attention",
+                  "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+                  "    out = sdpa(q, k, v, attn_mask=mask)\n"
+                  "    w = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1)\n"
+                  "    return out, w")
+    result = Grader(device="cpu").grade_path(nb)
+    t = [t for t in result.chapters[0].tests if t.exercise == "scaled_dot_product_attention"]
+    assert all(x.score == 0 for x in t) and all("scaled_dot_product_attention" in x.note for x in t)
+
+
+def test_batch_grades_a_class_into_a_csv_and_reports(tmp_path):
+    cls = tmp_path / "class"
+    for name, src in (("alice", "solutions"), ("bob", "exercises")):
+        shutil.copytree(REPO / src, cls / name, ignore=shutil.ignore_patterns("0[3-6]*"))
+    (cls / "carol").mkdir()
+    (cls / "carol" / f"{CH2}.ipynb").write_text("{ this is not json")
+    results = grade_class(cls, Grader(device="cpu"), jobs=2, out_dir=tmp_path / "out",
+                          csv_path=tmp_path / "grades.csv", chapters=["01_intuition", CH2], progress=False)
+    rows = {r["student"]: r for r in csv.DictReader(open(tmp_path / "grades.csv"))}
+    full = CHAPTERS["01_intuition"].points + CHAPTERS[CH2].points
+    assert float(rows["alice"]["score"]) == pytest.approx(full)
+    assert float(rows["bob"]["score"]) == 0
+    assert float(rows["carol"]["score"]) == 0 and results["carol"].chapters
+    carol_ch2 = next(c for c in results["carol"].chapters if c.chapter == CH2)
+    assert any("not valid JSON" in n for n in carol_ch2.notes)
+    for name in rows:
+        assert (tmp_path / "out" / name / "results.json").exists()
+        assert (tmp_path / "out" / name / "feedback.html").exists()
+
+
+def test_grading_is_deterministic_and_solutions_never_flake():
+    """The same submission graded twice scores the same; the references score full marks in
+    20 repeated runs (in process: the sandboxed path runs the same cases and comparisons)."""
+    for chapter in CHAPTERS.values():
+        ref = load_reference(chapter.id)
+        for _ in range(20):
+            tests = Grader(device="cpu").grade_namespace(chapter, ref)
+            assert sum(t.score for t in tests) == pytest.approx(chapter.points)
+    a = Grader(device="cpu").grade_path(REPO / "exercises" / f"{CH2}.ipynb")
+    b = Grader(device="cpu").grade_path(REPO / "exercises" / f"{CH2}.ipynb")
+    assert [t.score for t in a.chapters[0].tests] == [t.score for t in b.chapters[0].tests]
