@@ -1,0 +1,107 @@
+"""Sphinx glue for the course book (loaded from _config.yml: sphinx.local_extensions).
+
+Two jobs, both small:
+
+1. The solutions switch. ``course_publish_solutions`` (a Sphinx config value, set in
+   _config.yml, default True) decides whether ``solutions/*.ipynb`` are pages of the site.
+   The environment variable ``COURSE_PUBLISH_SOLUTIONS`` (1/0, true/false, on/off, yes/no)
+   overrides it, so a graded deployment builds from the same _config.yml and _toc.yml:
+
+       COURSE_PUBLISH_SOLUTIONS=0 jupyter-book build --all -W .
+
+   When off, the solution notebooks are dropped from the table of contents (the site map that
+   sphinx-external-toc read from _toc.yml) and excluded from the Sphinx sources, so they are
+   neither executed, rendered, searchable nor downloadable, and the build stays warning-free.
+
+2. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
+   download menu only for .ipynb sources (or when Binder/Thebe launch buttons are configured,
+   which this offline book does not do). For the MyST Markdown notebooks in book/ we copy the
+   notebook that MyST-NB executed (``_build/jupyter_execute/<page>.ipynb``) next to the page
+   sources and tell the theme about it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.config import Config
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "COURSE_PUBLISH_SOLUTIONS"
+SOLUTIONS_DIR = "solutions"
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def publish_solutions(config: Config) -> bool:
+    """The effective switch: the environment variable when set, else the config value."""
+    raw = os.environ.get(ENV_VAR, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    if raw:
+        raise ValueError(f"{ENV_VAR}={raw!r}: use one of {sorted(_TRUE | _FALSE)}")
+    return bool(config.course_publish_solutions)
+
+
+def _is_solution(docname: str) -> bool:
+    return docname == SOLUTIONS_DIR or docname.startswith(SOLUTIONS_DIR + "/")
+
+
+def apply_solutions_switch(app: Sphinx, config: Config) -> None:
+    """Runs after sphinx-external-toc has parsed _toc.yml (priority 900)."""
+    publish = publish_solutions(config)
+    config.course_publish_solutions = publish
+    if publish:
+        logger.info("[course] reference solutions are published")
+        return
+    logger.info("[course] reference solutions are NOT published (graded deployment)")
+    site_map = getattr(config, "external_site_map", None)
+    if site_map is not None:
+        for docname in list(site_map):
+            if _is_solution(docname):
+                del site_map[docname]
+        for docname in list(site_map):
+            doc = site_map[docname]
+            kept = []
+            for tree in doc.subtrees:
+                # FileItem and GlobItem are str subclasses; UrlItem is not a document.
+                tree.items = [i for i in tree.items if not (isinstance(i, str) and _is_solution(i))]
+                if tree.items:
+                    kept.append(tree)
+            doc.subtrees = kept
+    config["exclude_patterns"] = list(config["exclude_patterns"]) + [SOLUTIONS_DIR, f"{SOLUTIONS_DIR}/**"]
+
+
+def add_notebook_download(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Offer the executed .ipynb of a MyST Markdown notebook page in the theme's download menu.
+
+    Connected with the default priority (500), i.e. before the theme builds its header buttons
+    (priority 501).
+    """
+    if app.builder is None or app.builder.format != "html" or doctree is None:
+        return
+    metadata = app.env.metadata.get(pagename, {})
+    source = context.get("sourcename") or ""
+    if "kernelspec" not in metadata or not source.endswith(".md"):
+        return
+    executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
+    if not executed.is_file():
+        logger.warning(f"[course] no executed notebook for {pagename}: {executed}")
+        return
+    target = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(executed, target)
+    context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_config_value("course_publish_solutions", True, "env", [bool])
+    app.connect("config-inited", apply_solutions_switch, priority=950)
+    app.connect("html-page-context", add_notebook_download)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
