@@ -160,7 +160,7 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
         fn = target
         module = None
         if call.init is not None:
-            with _Recorder(seen):
+            with (_Defaults(device, dtype) if call.as_default else _Nothing()), _Recorder(seen):
                 module = target(**call.init)
             if not isinstance(module, torch.nn.Module):
                 return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
