@@ -13,7 +13,12 @@ Two jobs, both small:
    sphinx-external-toc read from _toc.yml) and excluded from the Sphinx sources, so they are
    neither executed, rendered, searchable nor downloadable, and the build stays warning-free.
 
-2. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
+2. Page titles from _toc.yml. An entry's ``title:`` in _toc.yml names the page in the navigation
+   only; the exercise and solution notebooks of a chapter share their first heading, so search
+   results, browser tabs and previous/next links could not tell them apart. Where _toc.yml gives
+   a title, it becomes the page's title everywhere (the heading inside the page is unchanged).
+
+3. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
    download menu only for .ipynb sources (or when Binder/Thebe launch buttons are configured,
    which this offline book does not do). For the MyST Markdown notebooks in book/ we copy the
    notebook that MyST-NB executed (``_build/jupyter_execute/<page>.ipynb``) next to the page
@@ -25,6 +30,7 @@ import os
 import shutil
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.util import logging
@@ -78,6 +84,18 @@ def apply_solutions_switch(app: Sphinx, config: Config) -> None:
     config["exclude_patterns"] = list(config["exclude_patterns"]) + [SOLUTIONS_DIR, f"{SOLUTIONS_DIR}/**"]
 
 
+def apply_toc_titles(app: Sphinx, doctree) -> None:
+    """Give a page the title its _toc.yml entry names (runs after Sphinx's title collector)."""
+    site_map = getattr(app.env, "external_site_map", None) or getattr(app.config, "external_site_map", None)
+    docname = app.env.docname
+    if site_map is None or docname not in site_map:
+        return
+    title = site_map[docname].title
+    if title:
+        app.env.titles[docname] = nodes.title(title, title)
+        app.env.longtitles[docname] = nodes.title(title, title)
+
+
 def add_notebook_download(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     """Offer the executed .ipynb of a MyST Markdown notebook page in the theme's download menu.
 
@@ -103,5 +121,6 @@ def add_notebook_download(app: Sphinx, pagename: str, templatename: str, context
 def setup(app: Sphinx) -> dict:
     app.add_config_value("course_publish_solutions", True, "env", [bool])
     app.connect("config-inited", apply_solutions_switch, priority=950)
+    app.connect("doctree-read", apply_toc_titles, priority=900)
     app.connect("html-page-context", add_notebook_download)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
