@@ -444,12 +444,20 @@ def test_sidebar_lists_every_chapter_in_order(visit):
     assert chapters == CHAPTERS, f"sidebar chapters: {chapters}"
 
 
-def test_search_finds_pages(visit):
+def test_search_finds_pages(visit, site):
     visit.goto("search.html?q=softmax")
     visit.page.wait_for_selector("#search-results ul.search li", timeout=15000)
     hits = visit.page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(e => e.getAttribute('href'))")
     assert any("01_intuition" in h for h in hits), f"search for 'softmax' found: {hits}"
+    titles = visit.page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(e => e.textContent)")
+    duplicated = sorted({t for t in titles if titles.count(t) > 1})
+    assert not duplicated, f"search results with the same title for different pages: {duplicated}"
+    math = visit.page.evaluate(MATH_CHECK)
+    assert not math["raw"], f"raw TeX in the search results: {math['raw'][:5]}"
     assert not visit.failed and not visit.console_errors and not visit.external
+    shots = site.parent / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    visit.page.screenshot(path=str(shots / "search-results.png"), full_page=True)
 
 
 def test_download_menu_serves_the_notebook(visit):
