@@ -260,7 +260,8 @@ def test_graded_build_leaves_out_solutions(tmp_path_factory, site):
     index_text = (html_dir / "searchindex.js").read_text(encoding="utf8")
     assert "solutions/" not in index_text, "the graded site's search index lists solution pages"
     for page in html_files(html_dir):
-        assert "solutions/" not in page.read_text(encoding="utf8"), f"{page.name} links a solution"
+        links = [url for _, url in _parse(page).links if "solutions/" in urlsplit(url).path]
+        assert not links, f"{page.relative_to(html_dir)} links solutions: {links[:5]}"
     problems = broken_links(html_dir)
     assert not problems, "broken internal links in the graded site:\n" + "\n".join(problems[:30])
 
@@ -268,9 +269,17 @@ def test_graded_build_leaves_out_solutions(tmp_path_factory, site):
 # --------------------------------------------------------------------------------------------
 # The browser
 
+SERVER_ERRORS: list[str] = []  # every request the server answered with an error (the browser's own
+                               # requests too, e.g. /favicon.ico, which Playwright does not report)
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):  # keep pytest's output clean
         pass
+
+    def log_request(self, code="-", size="-"):
+        if isinstance(code, int) and code >= 400 or str(code).startswith(("4", "5")):
+            SERVER_ERRORS.append(f"{self.path} (HTTP {code})")
 
 
 @pytest.fixture(scope="session")
@@ -316,6 +325,7 @@ class PageVisit:
         self.page.on("pageerror", lambda e: self.console_errors.append(f"uncaught: {e}"))
         self.page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
         self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"))
+        self.server_errors_before = len(SERVER_ERRORS)
         # Anything that is not this server (or an inline data:/blob: URL) is refused outright.
         self.context.route("**/*", self._route)
 
@@ -333,6 +343,10 @@ class PageVisit:
         assert response is not None and response.ok, f"{path}: HTTP {response.status if response else '?'}"
         self.page.wait_for_load_state("networkidle")
         return response
+
+    @property
+    def server_errors(self) -> list[str]:
+        return SERVER_ERRORS[self.server_errors_before:]
 
     def close(self):
         self.context.close()
@@ -362,8 +376,12 @@ async () => {
     const t = node.textContent;
     if (t.includes('$$') || t.includes('\\\\(') || t.includes('\\\\[') || /\\$[^$\\s][^$]*\\\\[a-zA-Z]+[^$]*\\$/.test(t)) raw.push(t.trim().slice(0, 80));
   }
+  // Display formulas wider than the text column (they scroll rather than fit).
+  const wide = Array.from(document.querySelectorAll('mjx-container[display="true"]'))
+    .filter(m => m.scrollWidth > m.parentElement.clientWidth + 1)
+    .map(m => m.textContent.slice(0, 60));
   return {count: maths.length, containers: document.querySelectorAll('mjx-container').length,
-          untypeset, errors, raw, loaded: !!(window.MathJax && MathJax.version)};
+          untypeset, errors, raw, wide, loaded: !!(window.MathJax && MathJax.version)};
 }
 """
 
@@ -396,6 +414,8 @@ def test_page_renders_in_browser(visit, docname, site):
     assert not math["untypeset"], f"{docname}: formulas not typeset: {math['untypeset'][:5]}"
     assert not math["errors"], f"{docname}: MathJax errors: {math['errors'][:5]}"
     assert not math["raw"], f"{docname}: raw TeX left in the text: {math['raw'][:5]}"
+    if docname.startswith("book/"):  # the book's own pages; notebooks get a scroll bar instead
+        assert not math["wide"], f"{docname}: formulas wider than the text column: {math['wide']}"
 
     images = visit.page.evaluate(IMAGE_CHECK)
     broken = [i for i in images if not (i["w"] > 0 and i["h"] > 0)]
@@ -407,6 +427,7 @@ def test_page_renders_in_browser(visit, docname, site):
 
     assert not visit.external, f"{docname}: requests to other hosts: {visit.external}"
     assert not visit.failed, f"{docname}: failed requests: {visit.failed}"
+    assert not visit.server_errors, f"{docname}: the server answered with errors: {visit.server_errors}"
     assert not visit.console_errors, f"{docname}: console errors: {visit.console_errors}"
 
 
@@ -431,7 +452,7 @@ def test_next_links_from_the_first_page_reach_every_chapter(visit):
         seen.append(visit.page.evaluate("DOCUMENTATION_OPTIONS.pagename"))
     assert seen[: len(CHAPTERS) + 1] == ["book/index"] + CHAPTERS, f"reading order: {seen}"
     assert seen == DOCNAMES, f"the next links do not follow _toc.yml: {seen}"
-    assert not visit.failed and not visit.console_errors and not visit.external
+    assert not visit.failed and not visit.console_errors and not visit.external and not visit.server_errors
 
 
 def test_sidebar_lists_every_chapter_in_order(visit):
@@ -454,7 +475,7 @@ def test_search_finds_pages(visit, site):
     assert not duplicated, f"search results with the same title for different pages: {duplicated}"
     math = visit.page.evaluate(MATH_CHECK)
     assert not math["raw"], f"raw TeX in the search results: {math['raw'][:5]}"
-    assert not visit.failed and not visit.console_errors and not visit.external
+    assert not visit.failed and not visit.console_errors and not visit.external and not visit.server_errors
     shots = site.parent / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
     visit.page.screenshot(path=str(shots / "search-results.png"), full_page=True)
