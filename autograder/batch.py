@@ -4,7 +4,8 @@ from __future__ import annotations
 import csv
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
@@ -19,6 +20,15 @@ def student_folders(class_dir: Path) -> list[Path]:
     return sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def _grade_student(grader: Grader, folder: Path, chapters) -> SubmissionResult:
+    try:
+        return grader.grade_path(folder, chapters=chapters, jobs=1)
+    except Exception as e:  # never lose the rest of the class to one submission
+        r = SubmissionResult(str(folder))
+        r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
+        return r
+
+
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True) -> dict[str, SubmissionResult]:
     """Grade every student folder; each student's chapters run one after another, and up to
@@ -28,16 +38,12 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     results: dict[str, SubmissionResult] = {}
     start = time.perf_counter()
 
-    def one(folder: Path) -> SubmissionResult:
-        try:
-            return grader.grade_path(folder, chapters=chapters, jobs=1)
-        except Exception as e:  # never lose the rest of the class to one submission
-            r = SubmissionResult(str(folder))
-            r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
-            return r
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(one, s): s for s in students}
+    # Students in separate processes: the grader's own work (comparisons, reference runs) holds
+    # the GIL, so threads would not use the second core fully.
+    pool = (ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            if jobs > 1 else ThreadPoolExecutor(max_workers=1))
+    with pool:
+        futures = {pool.submit(_grade_student, grader, s, chapters): s for s in students}
         bar = tqdm(total=len(futures), desc="grading", unit="student", disable=not progress)
         for fut in as_completed(futures):
             folder = futures[fut]
