@@ -161,8 +161,6 @@ def notebook_cells(path: str | os.PathLike) -> list[str]:
     return [to_python(s) for s in read_code_cells(path)]
 
 
-read_cells = notebook_cells  # the name grading.py uses
-
 
 _TRANSFORMER = None
 
