@@ -109,10 +109,23 @@ def build_book(source: Path, output: Path | None = None, env: dict | None = None
                           env={**os.environ, **(env or {})})
 
 
+# The notebook kernels share the build's stderr, and ipykernel logs there on its own account:
+# a transport notice at start-up and, rarely, a ZMQStream callback error as a kernel shuts
+# down after its notebook has run (seen once in CI, not reproducible in 3 local builds). Those
+# lines are not Sphinx's: a notebook that fails to run is a Sphinx warning, which `-W` makes
+# fatal and the scan below still catches.
+KERNEL_LOG = re.compile(r"^\[IPKernelApp\]|^ERROR:tornado\.general:Uncaught exception in ZMQStream callback")
+
+
 def assert_built(result: subprocess.CompletedProcess, what: str) -> None:
     log = result.stdout + result.stderr
-    warnings = [line for line in log.splitlines() if re.search(r"\bWARNING\b|\bERROR\b", line)
-                and "Kernel is running over TCP" not in line]
+    lines = log.splitlines()
+    kernel_noise = [line for line in lines if KERNEL_LOG.search(line) and "Kernel is running over TCP" not in line]
+    if kernel_noise:
+        print(f"\n{what}: kernel log lines (not Sphinx warnings):\n" + "\n".join(kernel_noise[:10]),
+              file=sys.stderr)
+    warnings = [line for line in lines if re.search(r"\bWARNING\b|\bERROR\b", line)
+                and not KERNEL_LOG.search(line)]
     assert result.returncode == 0, f"{what} failed (exit {result.returncode}):\n{log[-6000:]}"
     assert not warnings, f"{what} logged warnings:\n" + "\n".join(warnings[:30])
 
