@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 import multiprocessing
+import multiprocessing.forkserver
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
 
 from .contract import CHAPTERS
-from .grading import Grader
+from .grading import REFERENCES, Grader
 from .report import gradescope, html
 from .results import SubmissionResult
 
@@ -29,6 +31,44 @@ def _grade_student(grader: Grader, folder: Path, chapters) -> SubmissionResult:
         return r
 
 
+def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict) -> None:
+    import torch
+
+    # The forkserver was started earlier, perhaps from elsewhere: take this run's working
+    # directory and AUTOGRADER_* settings (limits, sandbox mode, hidden paths) from the parent.
+    os.chdir(cwd)
+    for key in [k for k in os.environ if k.startswith("AUTOGRADER_")]:
+        del os.environ[key]
+    os.environ.update(settings)
+
+    # Each worker gets its share of the cores: idle OpenMP threads spin for a while after
+    # each operation, and with more threads than cores they would take CPU from the other
+    # workers' student processes.
+    torch.set_num_threads(threads)
+    REFERENCES.adopt(snapshot)
+
+
+def _student_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
+    """Worker processes for students, started warm.
+
+    Processes, not threads: the grader's own work (comparisons, reference runs) holds the GIL.
+    They fork from a forkserver that has imported torch and the grader once (a spawned worker
+    would import them again, ~2 s each), and they receive the reference outcomes computed here,
+    while the server imports, instead of each computing them again.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["autograder.grading", "autograder.session"])
+    multiprocessing.forkserver.ensure_running()  # starts importing now, alongside the warm-up
+    try:
+        REFERENCES.warm(chapters or list(CHAPTERS), grader.devices, grader.seed, grader.quick)
+    except Exception:  # not fatal: each worker then computes what it needs itself
+        pass
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
+                               initargs=(REFERENCES.snapshot(), threads, os.getcwd(),
+                                         {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}))
+
+
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True) -> dict[str, SubmissionResult]:
     """Grade every student folder; each student's chapters run one after another, and up to
@@ -38,10 +78,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     results: dict[str, SubmissionResult] = {}
     start = time.perf_counter()
 
-    # Students in separate processes: the grader's own work (comparisons, reference runs) holds
-    # the GIL, so threads would not use the second core fully.
-    pool = (ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-            if jobs > 1 else ThreadPoolExecutor(max_workers=1))
+    pool = _student_pool(grader, jobs, chapters) if jobs > 1 else ThreadPoolExecutor(max_workers=1)
     with pool:
         futures = {pool.submit(_grade_student, grader, s, chapters): s for s in students}
         bar = tqdm(total=len(futures), desc="grading", unit="student", disable=not progress)

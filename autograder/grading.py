@@ -70,8 +70,39 @@ class ReferenceCache:
                 self._outcomes[key] = hit
         return hit
 
+    def warm(self, chapter_ids, devices: list[str], seed: int, quick: bool) -> None:
+        """Compute every reference outcome the grading of these chapters will ask for."""
+        for chapter_id in chapter_ids:
+            for ex in CHAPTERS[chapter_id].exercises:
+                cases = self.cases(chapter_id, ex.name, seed, quick)
+                for device in devices:
+                    for index, c in _variants(cases, device):
+                        self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
+
+    def snapshot(self) -> bytes:
+        """The cases and CPU/meta outcomes, pickled for worker processes of this same grader.
+        (Pickle is safe here: this is the grader's own reference data, never student output.
+        CUDA outcomes stay out: a worker computes those on its own device.)"""
+        import pickle
+
+        with self._lock:
+            outcomes = {k: v for k, v in self._outcomes.items() if k[-2] != "cuda"}
+            return pickle.dumps((dict(self._cases), outcomes))
+
+    def adopt(self, data: bytes) -> None:
+        import pickle
+
+        cases, outcomes = pickle.loads(data)
+        with self._lock:
+            self._cases.update(cases)
+            self._outcomes.update(outcomes)
+
 
 REFERENCES = ReferenceCache()
+
+
+def reference_key(chapter_id: str, exercise: str, seed: int, quick: bool, index: int, call: Call) -> tuple:
+    return (chapter_id, exercise, seed, quick, index, call.device, call.dtype)
 
 
 def _variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
@@ -115,7 +146,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 test.cases.append(CaseResult(c.case, device, c.dtype, False, stop.aspect,
                                              f"not run: {stop.message}"))
                 continue
-            expected = REFERENCES.expected(c, (chapter.id, ex.name, seed, quick, index, c.device, c.dtype))
+            expected = REFERENCES.expected(c, reference_key(chapter.id, ex.name, seed, quick, index, c))
             student = run(c)
             forbidden_seen |= ex.forbidden.used_in(student.forbidden)
             m = (compare_meta if device == "meta" else case_registry.compare)(c, student, expected)

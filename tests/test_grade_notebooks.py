@@ -157,6 +157,27 @@ def test_batch_grades_a_class_into_a_csv_and_reports(tmp_path):
         assert (tmp_path / "out" / name / "feedback.html").exists()
 
 
+def test_batch_workers_take_the_settings_of_each_run(tmp_path, monkeypatch):
+    """Workers fork from a long-lived forkserver; each run's working directory and AUTOGRADER_*
+    settings must still reach them (here: the sandbox mode, read by the student sessions)."""
+    cls = tmp_path / "class"
+    for name in ("ann", "ben"):
+        (cls / name).mkdir(parents=True)
+        shutil.copy(REPO / "solutions" / "01_intuition.ipynb", cls / name)
+    monkeypatch.chdir(tmp_path)
+    first = grade_class(Path("class"), Grader(device="cpu"), jobs=2, progress=False)
+    monkeypatch.setenv("AUTOGRADER_SANDBOX", "none")
+    second = grade_class(Path("class"), Grader(device="cpu"), jobs=2, progress=False)
+    full = CHAPTERS["01_intuition"].points
+    assert [r.score for r in first.values()] == [full, full]
+    assert [r.score for r in second.values()] == [full, full]
+    assert all(r.sandbox == "fallback" for r in second.values())
+    from autograder.sandbox import choose_mode
+    monkeypatch.delenv("AUTOGRADER_SANDBOX")
+    if choose_mode()[0] == "bubblewrap":  # the first run really used another mode
+        assert all(r.sandbox == "bubblewrap" for r in first.values())
+
+
 def test_grading_is_deterministic_and_solutions_never_flake():
     """The same submission graded twice scores the same; the references score full marks in
     20 repeated runs (in process: the sandboxed path runs the same cases and comparisons)."""

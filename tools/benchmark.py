@@ -22,7 +22,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autograder.batch import grade_class  # noqa: E402
 from autograder.contract import CHAPTERS  # noqa: E402
 from autograder.grading import Grader  # noqa: E402
 from autograder.references import load_reference  # noqa: E402
@@ -70,9 +69,15 @@ def batch(tmp: Path, n: int) -> None:
             shutil.copy(nb, d / nb.name)
     times = {}
     for jobs in (1, 2):
+        # Each in a fresh process, as an instructor runs it: imports and start-up included.
+        cmd = [sys.executable, "-m", "autograder", "batch", str(class_dir), "--device", "cpu",
+               "--jobs", str(jobs), "--no-progress", "--csv", str(tmp / f"grades-{jobs}.csv")]
         start = time.perf_counter()
-        grade_class(class_dir, Grader(device="cpu"), jobs=jobs, progress=False)
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         times[jobs] = time.perf_counter() - start
+        if r.returncode != 0:
+            print(f"[3] batch --jobs {jobs} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+            return
         print(f"[3] batch of {n} submissions, --jobs {jobs}: {times[jobs]:.1f} s")
     print(f"[3] speed-up --jobs 2 vs --jobs 1: {times[1] / times[2]:.2f}x")
 
