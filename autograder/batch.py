@@ -5,30 +5,24 @@ import csv
 import json
 import os
 import time
-import multiprocessing
-import multiprocessing.forkserver
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
 
+from . import forkserver
 from .contract import CHAPTERS
-from .grading import REFERENCES, Grader
+from .grading import REFERENCES, Grader, zero_chapter
 from .report import gradescope, html
-from .results import SubmissionResult
+from .results import ChapterResult, SubmissionResult
 
 
 def student_folders(class_dir: Path) -> list[Path]:
     return sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _grade_student(grader: Grader, folder: Path, chapters) -> SubmissionResult:
-    try:
-        return grader.grade_path(folder, chapters=chapters, jobs=1)
-    except Exception as e:  # never lose the rest of the class to one submission
-        r = SubmissionResult(str(folder))
-        r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
-        return r
+def _grade_chapter(grader: Grader, chapter_id: str, notebook: Path | None) -> ChapterResult:
+    return grader.grade_planned(chapter_id, notebook)
 
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict) -> None:
@@ -48,17 +42,15 @@ def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict) -> No
     REFERENCES.adopt(snapshot)
 
 
-def _student_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
-    """Worker processes for students, started warm.
+def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
+    """Worker processes, started warm.
 
     Processes, not threads: the grader's own work (comparisons, reference runs) holds the GIL.
     They fork from a forkserver that has imported torch and the grader once (a spawned worker
     would import them again, ~2 s each), and they receive the reference outcomes computed here,
     while the server imports, instead of each computing them again.
     """
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["autograder.grading", "autograder.session"])
-    multiprocessing.forkserver.ensure_running()  # starts importing now, alongside the warm-up
+    ctx = forkserver.context()  # (already started by the command line: it imports meanwhile)
     try:
         REFERENCES.warm(chapters or list(CHAPTERS), grader.devices, grader.seed, grader.quick)
     except Exception:  # not fatal: each worker then computes what it needs itself
@@ -71,23 +63,51 @@ def _student_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
 
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True) -> dict[str, SubmissionResult]:
-    """Grade every student folder; each student's chapters run one after another, and up to
-    `jobs` students at once (each student's code runs in its own child processes)."""
+    """Grade every student folder, up to `jobs` chapter notebooks at once (each in its own
+    sandboxed child). Chapters, not whole students, are the unit of work, so the workers stay
+    evenly busy to the end of the class."""
     class_dir = Path(class_dir)
-    students = student_folders(class_dir)
-    results: dict[str, SubmissionResult] = {}
     start = time.perf_counter()
+    plans: dict[str, tuple[SubmissionResult, list]] = {}
+    for folder in student_folders(class_dir):
+        try:
+            plans[folder.name] = grader.plan(folder, chapters)
+        except Exception as e:  # never lose the rest of the class to one submission
+            r = SubmissionResult(str(folder))
+            r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
+            plans[folder.name] = (r, [])
+    done: dict[str, dict[int, ChapterResult]] = {name: {} for name in plans}
+    results: dict[str, SubmissionResult] = {}
 
-    pool = _student_pool(grader, jobs, chapters) if jobs > 1 else ThreadPoolExecutor(max_workers=1)
+    def finish(name: str) -> None:
+        result, todo = plans[name]
+        chapter_results = [done[name][i] for i in range(len(todo))]
+        results[name] = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
+
+    pool = _worker_pool(grader, jobs, chapters) if jobs > 1 else ThreadPoolExecutor(max_workers=1)
+    bar = tqdm(total=len(plans), desc="grading", unit="student", disable=not progress)
     with pool:
-        futures = {pool.submit(_grade_student, grader, s, chapters): s for s in students}
-        bar = tqdm(total=len(futures), desc="grading", unit="student", disable=not progress)
+        futures = {pool.submit(_grade_chapter, grader, chapter_id, notebook): (name, i, chapter_id, notebook)
+                   for name, (_, todo) in plans.items() for i, (chapter_id, notebook) in enumerate(todo)}
+        for name, (_, todo) in plans.items():
+            if not todo:
+                finish(name)
+                bar.update()
         for fut in as_completed(futures):
-            folder = futures[fut]
-            results[folder.name] = fut.result()
-            bar.set_postfix_str(folder.name)
-            bar.update()
-        bar.close()
+            name, i, chapter_id, notebook = futures[fut]
+            try:
+                done[name][i] = fut.result()
+            except Exception as e:  # a worker process died: this chapter only is lost
+                ch = CHAPTERS[chapter_id]
+                note = f"grader error: {type(e).__name__}: {e}"
+                done[name][i] = ChapterResult(chapter_id, str(notebook) if notebook else None,
+                                              zero_chapter(ch, grader.devices, note),
+                                              notes=[f"internal grader error ({type(e).__name__}: {e})"])
+            if len(done[name]) == len(plans[name][1]):
+                finish(name)
+                bar.set_postfix_str(name)
+                bar.update()
+    bar.close()
     if out_dir:
         out = Path(out_dir)
         for name, r in results.items():
@@ -95,9 +115,8 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
             html.write(r, out / name / "feedback.html")
     if csv_path:
         write_csv(results, csv_path)
-    results_seconds = time.perf_counter() - start
     if progress:
-        print(f"graded {len(results)} submissions in {results_seconds:.1f} s with --jobs {jobs}")
+        print(f"graded {len(results)} submissions in {time.perf_counter() - start:.1f} s with --jobs {jobs}")
     return dict(sorted(results.items()))
 
 

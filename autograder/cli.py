@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import os
+    if args.command == "batch" and args.jobs > 1:
+        from . import forkserver
+        forkserver.context()  # its imports run while this process imports torch below
     if args.sandbox:
         os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
     from .grading import Grader

@@ -42,6 +42,12 @@ class Mismatch:
     def to_plain(self) -> dict:
         return dict(self.__dict__)
 
+    @property
+    def about_shapes(self) -> bool:
+        """Whether this is an error raised over shapes or dimensions (not NotImplementedError etc.)."""
+        words = ("size", "shape", "dimension", "mat1", "expand", "broadcast", "out of range")
+        return self.aspect == "error" and any(w in self.message.split("\n")[0] for w in words)
+
 
 def _output_name(i: int, n: int) -> str:
     if n == 1:

@@ -263,11 +263,12 @@ class Grader:
                 found[ch.id] = f
         return found, notes
 
-    def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None) -> SubmissionResult:
-        """Grade a notebook or a folder of them. With `chapters`, those chapters are graded and
-        any without a notebook score zero; otherwise the chapters found are graded."""
+    def plan(self, path, chapters: list[str] | None = None) -> tuple[SubmissionResult, list]:
+        """What grading a notebook or a folder of them involves: the result to fill (with notes on
+        what was skipped) and the (chapter id, notebook or None) pairs to grade, in order. With
+        `chapters`, those chapters are graded and any without a notebook score zero; otherwise
+        the chapters found are graded."""
         path = Path(path)
-        start = time.perf_counter()
         result = SubmissionResult(str(path))
         if not path.exists():
             result.notes.append(f"{path}: no such file or folder.")
@@ -277,27 +278,37 @@ class Grader:
         wanted = chapters or [c for c in CHAPTERS if c in found]
         if not wanted and path.exists():
             result.notes.append("no chapter notebook found.")
+        return result, [(c, found.get(c)) for c in wanted]
 
-        def one(chapter_id):
-            ch = CHAPTERS[chapter_id]
-            if chapter_id not in found:
-                return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
-            try:
-                return self.grade_notebook(found[chapter_id], ch)
-            except Exception as e:  # a grader fault must not lose the other chapters
-                return ChapterResult(chapter_id, str(found[chapter_id]),
-                                     zero_chapter(ch, self.devices, f"grader error: {type(e).__name__}: {e}"),
-                                     notes=[f"internal grader error ({type(e).__name__}: {e}); "
-                                            "please report it"])
+    def grade_planned(self, chapter_id: str, notebook: Path | None) -> ChapterResult:
+        """One chapter of a plan. Never raises: a grader fault zeroes this chapter only."""
+        ch = CHAPTERS[chapter_id]
+        if notebook is None:
+            return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
+        try:
+            return self.grade_notebook(notebook, ch)
+        except Exception as e:
+            return ChapterResult(chapter_id, str(notebook),
+                                 zero_chapter(ch, self.devices, f"grader error: {type(e).__name__}: {e}"),
+                                 notes=[f"internal grader error ({type(e).__name__}: {e}); please report it"])
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs or self.jobs)) as pool:
-            result.chapters = list(pool.map(one, wanted))
+    @staticmethod
+    def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:
+        result.chapters = list(chapters)
         for ch in result.chapters:
             mode = next((n for n in ch.notes if n.startswith("sandbox:")), None)
             if mode:
                 result.sandbox = mode.removeprefix("sandbox:").strip()
-        result.seconds = time.perf_counter() - start
+        result.seconds = seconds
         return result
+
+    def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None) -> SubmissionResult:
+        """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once."""
+        start = time.perf_counter()
+        result, todo = self.plan(path, chapters)
+        with ThreadPoolExecutor(max_workers=max(1, jobs or self.jobs)) as pool:
+            done = list(pool.map(lambda item: self.grade_planned(*item), todo))
+        return self.assemble(result, done, time.perf_counter() - start)
 
 
 def _start_notes(info: dict) -> list[str]:
@@ -310,5 +321,5 @@ def _start_notes(info: dict) -> list[str]:
     for cell in info.get("cells", []):
         status = cell.get("status")
         if status and status != "ok":
-            notes.append(f"cell {cell.get('index')}: {cell.get('message', status)}")
+            notes.append(f"cell {cell.get('cell')}: {cell.get('message', status)}")
     return notes

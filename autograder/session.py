@@ -230,11 +230,10 @@ class StudentSession:
         """Run the notebook's cells (once; later calls return the same report).
 
         Returns:
-            {"mode" (also "sandbox"): "bubblewrap"|"fallback",
-             "note" (also "sandbox_note"): "" unless the fallback is used, else why and what it
-                 means,
+            {"sandbox": "bubblewrap"|"fallback",
+             "sandbox_note": "" unless the fallback is used, else why and what it means,
              "error": None or why the notebook could not run at all,
-             "cells": [{"cell" (also "index"): n (1-based, code cells only),
+             "cells": [{"cell": n (1-based, code cells only),
                         "status": "ok"|"error"|"timeout"|"crash"|"not run",
                         "error": None or {"type", "message", "where"},
                         "message": "" or the error in one line, "seconds": float,
@@ -271,18 +270,15 @@ class StudentSession:
             for n in range(1, len(self.cells) + 1):
                 entry = report[n] or {"cell": n, "status": "not run", "error": None, "seconds": 0.0}
                 entry["output"] = captures[n].text() if n in captures else ""
-                entry["index"] = n
                 entry["message"] = _cell_message(entry)
                 cells.append(entry)
             output = "".join(f"[cell {c['cell']}]\n{c['output'].rstrip()}\n" for c in cells
                              if c["output"].strip())
             self._report = {
-                "mode": self.mode, "note": self.note, "error": error, "cells": cells,
+                "sandbox": self.mode, "sandbox_note": self.note, "error": error, "cells": cells,
                 "defined": list(self._defined), "output": output,
                 "startup_seconds": self.startup_seconds[0] if self.startup_seconds else None,
                 "seconds": time.monotonic() - t0,
-                # the same facts under the names grading.py reads
-                "sandbox": self.mode, "sandbox_note": self.note,
             }
             return self._report
 

@@ -1,62 +1,31 @@
 """Chapter 3 grading: the reference scores full marks, realistic mistakes lose credit on the
 exercise they touch only, hints name the mistake, equivalent formulations score full marks,
 PyTorch's ready-made attention scores zero, training-mode dropout is graded by properties that
-hold whatever the random stream, and the quick (self-check) cases are fast."""
+hold whatever the random stream.
+What every chapter shares is in test_grading_common.py."""
 import dataclasses
 import textwrap
-import time
 
 import pytest
 import torch
 
 from autograder.cases import build_cases
 from autograder.cases import ch03_multi_head_attention as ch03
-from autograder.contract import CHAPTERS
 from autograder.execute import execute
-from autograder.grading import Grader
-from autograder.inputs import SELF_CHECK_SEED, generator
+from autograder.inputs import generator
 from autograder.references import load_reference
 
+from grading_helpers import GRADER, failures, full, grade_in, namespace_of
+
 CH = "03_multi_head_attention"
-GRADER = Grader(device="cpu")
 
 
 def namespace(src: str = "") -> dict:
-    """The reference namespace with `src` (redefining some exercises) executed on top of it.
-    The reference classes keep their own globals, so only the redefined names change."""
-    ns = dict(load_reference(CH))
-    exec(textwrap.dedent(src), ns)
-    return ns
+    return namespace_of(CH, src)
 
 
 def grade(ns: dict) -> dict:
-    """exercise -> {"score", "max", "first" (first CPU failure or None), "notes", "tests"}."""
-    out = {}
-    for t in GRADER.grade_namespace(CHAPTERS[CH], ns):
-        e = out.setdefault(t.exercise, {"score": 0.0, "max": 0.0, "first": None, "notes": [], "tests": []})
-        e["score"] += t.score
-        e["max"] += t.max_score
-        e["tests"].append(t)
-        if t.note:
-            e["notes"].append(t.note)
-        if t.device == "cpu":
-            e["first"] = t.first_failure
-    return out
-
-
-def full(e) -> bool:
-    return abs(e["score"] - e["max"]) < 1e-9
-
-
-def failures(e) -> list:
-    return [(c.case, c.message, c.hint) for t in e["tests"] for c in t.cases if not c.passed]
-
-
-def test_reference_scores_full_marks():
-    result = grade(namespace())
-    assert set(result) == {ex.name for ex in CHAPTERS[CH].exercises}
-    for name, e in result.items():
-        assert full(e), (name, failures(e))
+    return grade_in(CH, ns)
 
 
 # A multi-head attention written independently of the reference (einsum, its own head split, an
@@ -319,23 +288,6 @@ def test_pytorch_ready_made_attention_scores_zero_with_a_note(src):
     assert e["notes"] and all("ready-made attention" in n for n in e["notes"])
     for other in ("split_heads", "merge_heads", "MultiHeadSelfAttention"):
         assert full(result[other]), other
-
-
-def test_quick_cases_are_few_and_run_in_well_under_a_second():
-    ref = load_reference(CH)
-    calls = {ex.name: build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
-             for ex in CHAPTERS[CH].exercises}
-    assert all(2 <= len(c) <= 3 for c in calls.values()), {k: len(c) for k, c in calls.items()}
-    times = []
-    for _ in range(3):  # the best of three: other processes may share the CPU
-        start = time.perf_counter()
-        for ex in CHAPTERS[CH].exercises:
-            for c in build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True):
-                execute(ref, c)
-                if not c.train:
-                    execute(ref, c.on("meta", "float32"))
-        times.append(time.perf_counter() - start)
-    assert min(times) < 1.0, times
 
 
 def test_every_parameter_gets_its_own_weights():

@@ -1,57 +1,22 @@
 """Chapter 5 grading: the reference scores full marks, realistic mistakes lose credit on the
-exercise they touch only, hints name the mistake, equivalent formulations score full marks, and
-the quick (self-check) cases are fast."""
-import textwrap
-import time
+exercise they touch only, hints name the mistake, equivalent formulations score full marks.
+What every chapter shares (full marks for the reference, zero for the stubs, the quick cases) is in
+test_grading_common.py."""
 
 import pytest
 
-from autograder.cases import build_cases
-from autograder.contract import CHAPTERS
-from autograder.execute import execute
-from autograder.grading import Grader
-from autograder.inputs import SELF_CHECK_SEED
-from autograder.references import load_reference
+
+from grading_helpers import failures, full, grade_in, namespace_of
 
 CH = "05_masks"
-GRADER = Grader(device="cpu")
 
 
 def namespace(src: str = "") -> dict:
-    """The reference namespace with `src` (redefining some exercises) executed on top of it.
-    The reference functions keep their own globals, so only the redefined names change."""
-    ns = dict(load_reference(CH))
-    exec(textwrap.dedent(src), ns)
-    return ns
+    return namespace_of(CH, src)
 
 
 def grade(ns: dict) -> dict:
-    """exercise -> {"score", "max", "cpu"/"meta" (score, max), "first" (first CPU failure), "tests"}."""
-    out = {}
-    for t in GRADER.grade_namespace(CHAPTERS[CH], ns):
-        e = out.setdefault(t.exercise, {"score": 0.0, "max": 0.0, "first": None, "tests": []})
-        e["score"] += t.score
-        e["max"] += t.max_score
-        e[t.device] = (t.score, t.max_score)
-        e["tests"].append(t)
-        if t.device == "cpu":
-            e["first"] = t.first_failure
-    return out
-
-
-def full(e) -> bool:
-    return abs(e["score"] - e["max"]) < 1e-9
-
-
-def failures(e) -> list:
-    return [(t.device, c.case, c.message) for t in e["tests"] for c in t.cases if not c.passed]
-
-
-def test_reference_scores_full_marks():
-    result = grade(namespace())
-    assert set(result) == {ex.name for ex in CHAPTERS[CH].exercises}
-    for name, e in result.items():
-        assert full(e), (name, failures(e))
+    return grade_in(CH, ns)
 
 
 def causal(body):
@@ -162,33 +127,3 @@ def test_equivalent_implementations_score_full_marks(name, src):
     for ex, e in result.items():
         assert full(e), (ex, failures(e))
 
-
-def test_unimplemented_stubs_score_zero_without_hints():
-    """What the untouched exercise notebook defines: every exercise raises NotImplementedError."""
-    ns = namespace()
-    for ex in CHAPTERS[CH].exercises:
-        exec(STUB[ex.kind].format(name=ex.name), ns)
-    for name, e in grade(ns).items():
-        assert e["score"] == 0, name
-        cases = [c for t in e["tests"] for c in t.cases]
-        assert cases and all(not c.passed and c.hint is None for c in cases), name
-
-
-STUB = {
-    "function": "def {name}(*args, **kwargs):\n    raise NotImplementedError()\n",
-    "module": ("class {name}(nn.Module):\n    def __init__(self, *args, **kwargs):\n"
-               "        super().__init__()\n        raise NotImplementedError()\n"),
-}
-
-
-def test_quick_cases_run_in_well_under_a_second():
-    ref = load_reference(CH)
-    execute(ref, build_cases(CH, "decoder_mask", ref, seed=SELF_CHECK_SEED, quick=True)[0])  # warm-up
-    start = time.perf_counter()
-    for ex in CHAPTERS[CH].exercises:
-        calls = build_cases(CH, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
-        assert 2 <= len(calls) <= 3
-        for c in calls:
-            execute(ref, c)
-            execute(ref, c.on("meta", "float32"))
-    assert time.perf_counter() - start < 1.0

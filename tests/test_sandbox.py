@@ -587,11 +587,11 @@ def test_a_broken_notebook_file_end_to_end(tmp_path):
 def test_mode_is_reported():
     with session(["x = 1"], "none") as s:
         report = s.start()
-        assert report["mode"] == "fallback" and "AUTOGRADER_SANDBOX=none" in report["note"]
+        assert report["sandbox"] == "fallback" and "AUTOGRADER_SANDBOX=none" in report["sandbox_note"]
     if BWRAP_OK:
         with session(["x = 1"], "auto") as s:
             report = s.start()
-            assert report["mode"] == "bubblewrap" and report["note"] == ""
+            assert report["sandbox"] == "bubblewrap" and report["sandbox_note"] == ""
 
 
 @needs_bwrap

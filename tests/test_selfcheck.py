@@ -2,7 +2,6 @@
 import contextlib
 import io
 import math
-import time
 
 import pytest
 import torch
@@ -40,14 +39,12 @@ def test_committed_fixtures_match_the_references():
 
 
 @pytest.mark.parametrize("chapter", list(CHAPTERS))
-def test_references_pass_their_self_checks_quickly(chapter):
+def test_references_pass_their_self_checks(chapter):
+    """(Their speed, under 1 s a cell, is measured by tools/benchmark.py.)"""
     ref = load_reference(chapter)
     for ex in CHAPTERS[chapter].exercises:
-        check(chapter, ex.name, ref[ex.target])  # warm-up: first calls pay one-off costs
-        start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()) as out:
             assert check(chapter, ex.name, ref[ex.target]) is True
-        assert time.perf_counter() - start < 1.0, f"{ex.name} self-check too slow"
         assert "✓" in out.getvalue()
 
 

@@ -161,12 +161,6 @@ def softmax_hint(call, student, expected, mismatch) -> str | None:
     return None
 
 
-def _shape_error(mismatch) -> bool:
-    """Whether an error message is about shapes or dimensions (not NotImplementedError etc.)."""
-    words = ("size", "shape", "dimension", "mat1", "expand", "broadcast", "out of range")
-    return any(w in mismatch.message.split("\n")[0] for w in words)
-
-
 def _scores(query, keys):
     return (keys.double() @ query.double().unsqueeze(-1)).squeeze(-1)  # (..., n)
 
@@ -179,7 +173,7 @@ def pool_hint(call, student, expected, mismatch) -> str | None:
         if got and got[-1] == keys.shape[-1] != values.shape[-1]:
             return ("the output has the keys' feature size d: it is the weighted sum of the values, "
                     "(..., d_v)")
-    if batched and (mismatch.aspect == "shape" or mismatch.aspect == "error" and _shape_error(mismatch)):
+    if batched and (mismatch.aspect == "shape" or mismatch.about_shapes):
         return ("this works without batch dimensions but not with them: use keys @ query.unsqueeze(-1) "
                 "(or einsum over the last axis) and weights.unsqueeze(-2) @ values, not .T or fixed "
                 "dimension numbers")

@@ -15,7 +15,6 @@ the framework calls for this chapter when it supports chapter comparisons (see `
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 

@@ -172,7 +172,7 @@ def table_hint(call, student, expected, mismatch):
                     "(cos fills only the d_model // 2 odd columns)")
         if len(shape) == 3:
             return "return a (max_len, d_model) table without a batch dimension"
-    if mismatch.aspect == "error" and d_model % 2 and _shape_error(mismatch):
+    if d_model % 2 and mismatch.about_shapes:
         return ("an odd d_model has one sine column more than cosine columns: "
                 "pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])")
     if mismatch.aspect == "dtype":
@@ -277,12 +277,6 @@ def _rope(x, base=10000.0, *, halves=False, sign=1.0, exponent="2i", repeat=Fals
     return x * cos_full + rot * sin_full
 
 
-def _shape_error(mismatch) -> bool:
-    """Whether an error message is about shapes or dimensions (not NotImplementedError etc.)."""
-    words = ("size", "shape", "dimension", "mat1", "expand", "broadcast", "out of range")
-    return any(w in mismatch.message.split("\n")[0] for w in words)
-
-
 def _rope_base(call):
     if "base" in call.kwargs:
         return float(call.kwargs["base"])
@@ -291,7 +285,7 @@ def _rope_base(call):
 
 def rope_hint(call, student, expected, mismatch):
     x = call.args[0]
-    if x.dim() > 2 and (mismatch.aspect == "shape" or mismatch.aspect == "error" and _shape_error(mismatch)):
+    if x.dim() > 2 and (mismatch.aspect == "shape" or mismatch.about_shapes):
         return ("this fails with leading batch dimensions: positions index the second-to-last axis "
                 "(L = x.shape[-2]) and pairs the last one; use ... indexing (x[..., 0::2])")
     if mismatch.aspect == "grads":

@@ -130,20 +130,25 @@ def _padding(tokens, pad_id):
     return (tokens != pad_id)[:, None, None, :]   # (B, 1, 1, L)
 
 
+def _form_hint(student, mismatch, want: tuple, how: str) -> str | None:
+    """The hint for a token mask of the wrong dtype or shape; None when neither is the problem."""
+    if mismatch.aspect == "dtype":
+        return _DTYPE
+    shape = _shape(student)
+    if mismatch.aspect == "shape" and shape is not None and shape != want:
+        return f"the mask has shape {shape}; it must be {how}"
+    return None
+
+
 def padding_hint(call, student, expected, mismatch):
     tok = call.args[0]
     B, L = tok.shape
     pad_id = _pad_id(call)
-    if mismatch.aspect == "dtype":
-        return _DTYPE
-    if mismatch.aspect == "shape":
-        shape = _shape(student)
-        if shape is not None and shape != (B, 1, 1, L):
-            return (f"the mask has shape {shape}; it must be (B, 1, 1, L) so it broadcasts over heads and "
-                    "query positions: (tokens != pad_id)[:, None, None, :]")
+    form = _form_hint(student, mismatch, (B, 1, 1, L), "(B, 1, 1, L) so it broadcasts over heads and "
+                      "query positions: (tokens != pad_id)[:, None, None, :]")
     got = _student_mask(student)
-    if mismatch.aspect != "values" or got is None:
-        return None
+    if form or mismatch.aspect != "values" or got is None:
+        return form
     right = _padding(tok, pad_id)
     if _same(got, ~right):
         return "the mask is inverted: True where the token is NOT padding (True = may attend)"
@@ -156,16 +161,11 @@ def decoder_hint(call, student, expected, mismatch):
     tok = call.args[0]
     B, L = tok.shape
     pad_id = _pad_id(call)
-    if mismatch.aspect == "dtype":
-        return _DTYPE
-    if mismatch.aspect == "shape":
-        shape = _shape(student)
-        if shape is not None and shape != (B, 1, L, L):
-            return (f"the mask has shape {shape}; it must be (B, 1, L, L): padding_mask (B, 1, 1, L) & "
-                    "causal_mask (L, L) broadcast to it")
+    form = _form_hint(student, mismatch, (B, 1, L, L), "(B, 1, L, L): padding_mask (B, 1, 1, L) & "
+                      "causal_mask (L, L) broadcast to it")
     got = _student_mask(student)
-    if mismatch.aspect != "values" or got is None:
-        return None
+    if form or mismatch.aspect != "values" or got is None:
+        return form
     keep = tok != pad_id                                   # (B, L)
     causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
     key_pad = keep[:, None, None, :]                       # (B, 1, 1, L)

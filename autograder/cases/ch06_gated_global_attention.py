@@ -268,11 +268,11 @@ BIAS_MISTAKES = [
      "scores, so insert singleton axes after them (bias.view(*bias.shape[:-3], 1, ..., 1, "
      "*bias.shape[-3:]))", dict(bias_align="right")),
 ]
+_MASK_ON_QUERIES = ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, "
+                    "None, :] lines it up with the last (k) axis of the (*, N_head, q, k) scores")
 MASK_MISTAKES = [
-    ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, None, :] lines "
-     "it up with the last (k) axis of the (*, N_head, q, k) scores", dict(mask_on="queries")),
-    ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, None, :] lines "
-     "it up with the last (k) axis of the (*, N_head, q, k) scores", dict(mask_on="queries", fill="offset")),
+    (_MASK_ON_QUERIES, dict(mask_on="queries")),
+    (_MASK_ON_QUERIES, dict(mask_on="queries", fill="offset")),
     ("the attention_mask looks inverted: keys where it is 0 get no weight, keys where it is 1 are kept",
      dict(mask_on="inverted")),
     ("a query whose keys are all masked should get zero weights (so its output is linear_o's bias), "

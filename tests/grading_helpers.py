@@ -1,0 +1,63 @@
+"""Shared by the tests/test_grading_chNN.py suites: grade the reference namespace of a chapter
+with some names redefined by a (buggy or merely different) implementation, in process."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import nbformat
+
+from autograder.contract import CHAPTERS
+from autograder.grading import Grader
+from autograder.references import load_reference, reference_cells
+
+REPO = Path(__file__).resolve().parent.parent
+
+GRADER = Grader(device="cpu")
+
+
+def namespace_of(chapter: str, src: str = "") -> dict:
+    """The reference namespace with `src` (redefining some exercises) executed on top of it.
+    The reference objects keep their own globals, so only the redefined names change."""
+    ns = dict(load_reference(chapter))
+    exec(textwrap.dedent(src), ns)
+    return ns
+
+
+def grade_in(chapter: str, ns: dict) -> dict:
+    """exercise -> {"score", "max", "first" (first CPU failure or None), "notes", "tests",
+    and per device ("cpu", "meta"): (score, max)}."""
+    out = {}
+    for t in GRADER.grade_namespace(CHAPTERS[chapter], ns):
+        e = out.setdefault(t.exercise, {"score": 0.0, "max": 0.0, "first": None, "notes": [], "tests": []})
+        e["score"] += t.score
+        e["max"] += t.max_score
+        e[t.device] = (t.score, t.max_score)
+        e["tests"].append(t)
+        if t.note:
+            e["notes"].append(t.note)
+        if t.device == "cpu":
+            e["first"] = t.first_failure
+    return out
+
+
+def full(e: dict) -> bool:
+    return abs(e["score"] - e["max"]) < 1e-9
+
+
+def failures(e: dict) -> list[tuple]:
+    """(case, device, message, hint) of every failed case of one exercise."""
+    return [(c.case, t.device, c.message, c.hint) for t in e["tests"] for c in t.cases if not c.passed]
+
+
+def exercise_namespace(chapter: str) -> dict:
+    """What the untouched exercise notebook defines (its stubs), run the way the references are
+    (self-check and demo cells left out); a cell that raises is passed over, as the grader does."""
+    nb = nbformat.read(REPO / "exercises" / f"{chapter}.ipynb", as_version=4)
+    ns: dict = {"__name__": f"exercise_{chapter}"}
+    for source in reference_cells(nb):
+        try:
+            exec(compile(source, f"<exercise {chapter}>", "exec"), ns)
+        except Exception:
+            pass
+    return ns

@@ -1,0 +1,46 @@
+"""What every chapter's grading must do, chapter by chapter: the reference scores full marks;
+the untouched stubs score zero with no misleading hint; the self-check (quick) cases are few
+and run on the reference on CPU and on the meta device. (Their speed is measured by
+tools/benchmark.py, not asserted here.)"""
+import pytest
+
+from autograder.cases import build_cases
+from autograder.contract import CHAPTERS
+from autograder.execute import execute
+from autograder.inputs import SELF_CHECK_SEED
+from autograder.references import load_reference
+
+from grading_helpers import exercise_namespace, failures, full, grade_in, namespace_of
+
+
+
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_reference_scores_full_marks(chapter):
+    result = grade_in(chapter, namespace_of(chapter))
+    assert set(result) == {ex.name for ex in CHAPTERS[chapter].exercises}
+    for name, e in result.items():
+        assert full(e), (name, failures(e))
+
+
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_unimplemented_stubs_score_zero_without_hints(chapter):
+    """The untouched exercise notebook: every exercise raises NotImplementedError."""
+    for name, e in grade_in(chapter, exercise_namespace(chapter)).items():
+        assert e["score"] == 0, name
+        cases = [c for t in e["tests"] for c in t.cases]
+        assert cases and all(not c.passed and c.hint is None for c in cases), name
+        assert all("NotImplementedError" in c.message or c.message.startswith("not run")
+                   for c in cases), (name, {c.message for c in cases})
+
+
+@pytest.mark.parametrize("chapter", list(CHAPTERS))
+def test_quick_cases_are_few_and_run_on_cpu_and_meta(chapter):
+    ref = load_reference(chapter)
+    for ex in CHAPTERS[chapter].exercises:
+        calls = build_cases(chapter, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
+        assert 2 <= len(calls) <= 3, (ex.name, len(calls))
+        for c in calls:
+            assert execute(ref, c).error is None or c.expect_error, (ex.name, c.case)
+            if not c.train:
+                meta = execute(ref, c.on("meta", "float32"))
+                assert meta.error is None or c.expect_error, (ex.name, c.case, meta.error)
