@@ -27,6 +27,9 @@ TOLERANCES = {
 }
 
 
+NOT_IMPLEMENTED = "not implemented yet"
+
+
 @dataclass
 class Mismatch:
     """The first failing aspect of one case, in words, with the numbers behind it."""
@@ -41,6 +44,11 @@ class Mismatch:
 
     def to_plain(self) -> dict:
         return dict(self.__dict__)
+
+    @property
+    def not_implemented(self) -> bool:
+        """Whether the student's code is still the exercise stub (it raised NotImplementedError)."""
+        return self.aspect == "error" and self.message.startswith(NOT_IMPLEMENTED)
 
     @property
     def about_shapes(self) -> bool:
@@ -109,15 +117,18 @@ def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str) -> Mi
 def compare(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
     """The first way in which `student` differs from `expected` for this call, or None."""
     err = student.error
+    not_implemented = Mismatch("error", f"{NOT_IMPLEMENTED}: `{call.target}` still raises NotImplementedError.")
     if call.expect_error:
         if err and call.expect_error in err.get("mro", [err.get("type")]):
             return None
         if err and err["type"] in ("Timeout", "Crash", "Missing"):
             return Mismatch(err["type"].lower(), err["message"])
+        if err and err["type"] == "NotImplementedError":
+            return not_implemented  # a stub: the hint about the required error would mislead
         got = f"it raised {err['type']}: {err['message']}" if err else "it returned normally"
         return Mismatch("expected-error", f"this call must raise {call.expect_error}, but {got}.")
     if err and err["type"] == "NotImplementedError":
-        return Mismatch("error", f"not implemented yet: `{call.target}` still raises NotImplementedError.")
+        return not_implemented
     if err:
         aspect = {"Missing": "missing", "Timeout": "timeout", "Crash": "crash"}.get(err["type"], "error")
         where = f"\n{err['where']}" if err.get("where") else ""

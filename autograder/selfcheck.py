@@ -97,7 +97,7 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     c, m = failed[0]
     device = " on the meta device (device-portability check)" if c.device == "meta" else ""
     lines = [f"✗ {exercise}: failed on case '{c.case}'{device}", f"  {m.message}"]
-    if m.aspect == "error" and m.message.startswith("not implemented yet"):
+    if m.not_implemented:
         lines = [f"✗ {exercise}: not implemented yet (the stub raises NotImplementedError)."]
     elif m.hint:
         lines.append(f"  hint: {m.hint}")

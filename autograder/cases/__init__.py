@@ -42,6 +42,8 @@ def compare(call: Call, student: Outcome, expected: Outcome):
 
 
 def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:
+    if mismatch.not_implemented:  # a stub: any hint about the intended behaviour would mislead
+        return None
     try:
         return _module(call.chapter).hint(call, student, expected, mismatch)
     except Exception:  # a hint is a courtesy; never let it break grading
