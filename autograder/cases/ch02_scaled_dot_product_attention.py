@@ -93,22 +93,26 @@ def sdpa_weight_hint(q, k, mask, weights, expected_weights) -> str | None:
     q, k = q.double(), k.double()
     d_k = q.shape[-1]
     raw = q @ k.transpose(-2, -1)
-    full = None
-    if mask is not None and mask.dtype == torch.bool:
-        full = ~mask.expand(raw.shape).any(-1)
+    boolean = mask is not None and mask.dtype == torch.bool
+
+    def fully_masked(m):  # rows whose keys `m` masks all; None without a boolean mask
+        return ~m.expand(raw.shape).any(-1) if boolean else None
+
+    full = fully_masked(mask)
+    # (hint, the weights that mistake gives, the rows it masks fully: zero in a correct treatment)
     candidates = [
-        ("scores look unscaled: divide q·k by sqrt(d_k) before the softmax", _softmax(_masked(raw, mask))),
+        ("scores look unscaled: divide q·k by sqrt(d_k) before the softmax", _softmax(_masked(raw, mask)), full),
         ("scores are divided by d_k: divide by sqrt(d_k) instead",
-         _softmax(_masked(raw / d_k, mask))),
+         _softmax(_masked(raw / d_k, mask)), full),
         ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)",
-         _softmax(_masked(raw / math.sqrt(d_k), mask), dim=-2)),
+         _softmax(_masked(raw / math.sqrt(d_k), mask), dim=-2), full),
     ]
-    if mask is not None and mask.dtype == torch.bool:
+    if boolean:
         candidates.append(("the mask looks inverted: True means 'may attend' (keep), False means masked out",
-                           _softmax(_masked(raw / math.sqrt(d_k), ~mask))))
-    for text, cand in candidates:
-        if full is not None:
-            cand = cand.masked_fill(full.unsqueeze(-1), 0.0)
+                           _softmax(_masked(raw / math.sqrt(d_k), ~mask)), fully_masked(~mask)))
+    for text, cand, rows in candidates:
+        if rows is not None:
+            cand = cand.masked_fill(rows.unsqueeze(-1), 0.0)
         if _close(weights, cand) or _close(weights, torch.nan_to_num(cand)):
             return text
     if full is not None and full.any():
