@@ -76,6 +76,7 @@ class Exercise:
     points: float
     forbidden: Forbidden = field(default_factory=Forbidden)
     owner: str | None = None  # for kind == "method": the class that holds it
+    builds_on: tuple = ()     # exercises of the chapter the reference solution calls
 
     @property
     def target(self) -> str:
@@ -103,33 +104,34 @@ class Chapter:
 CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
     Chapter("01_intuition", "Intuition", (
         Exercise("softmax", "function", 5, NO_SOFTMAX),
-        Exercise("attention_pool", "function", 5),
+        Exercise("attention_pool", "function", 5, builds_on=("softmax",)),
     )),
     Chapter("02_scaled_dot_product_attention", "Scaled dot-product attention", (
         Exercise("scaled_dot_product_attention", "function", 10, NO_ATTENTION),
-        Exercise("SelfAttention", "module", 5, NO_ATTENTION),
+        Exercise("SelfAttention", "module", 5, NO_ATTENTION, builds_on=("scaled_dot_product_attention",)),
     )),
     Chapter("03_multi_head_attention", "Multi-head attention", (
         Exercise("split_heads", "function", 3, NO_ATTENTION),
         Exercise("merge_heads", "function", 2, NO_ATTENTION),
-        Exercise("MultiHeadAttention", "module", 10, NO_ATTENTION),
-        Exercise("MultiHeadSelfAttention", "module", 5, NO_ATTENTION),
+        Exercise("MultiHeadAttention", "module", 10, NO_ATTENTION, builds_on=("split_heads", "merge_heads")),
+        Exercise("MultiHeadSelfAttention", "module", 5, NO_ATTENTION, builds_on=("merge_heads",)),
     )),
     Chapter("04_positional_encoding", "Positional encoding", (
         Exercise("sinusoidal_positional_encoding", "function", 4),
-        Exercise("SinusoidalPositionalEncoding", "module", 3),
+        Exercise("SinusoidalPositionalEncoding", "module", 3, builds_on=("sinusoidal_positional_encoding",)),
         Exercise("LearnedPositionalEmbedding", "module", 3),
         Exercise("apply_rotary_embedding", "function", 5),
     )),
     Chapter("05_masks", "Masks", (
         Exercise("causal_mask", "function", 3),
         Exercise("padding_mask", "function", 3),
-        Exercise("decoder_mask", "function", 4),
+        Exercise("decoder_mask", "function", 4, builds_on=("causal_mask", "padding_mask")),
     )),
     Chapter("06_gated_global_attention", "Gated and global attention", (
         Exercise("prepare_qkv", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
         Exercise("prepare_qkv_global", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
-        Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION),
+        Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION,
+                 builds_on=("prepare_qkv", "prepare_qkv_global")),
     )),
 )}
 

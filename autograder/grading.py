@@ -23,7 +23,7 @@ import torch
 
 from . import cases as case_registry
 from .calls import Call, Outcome
-from .compare import Mismatch, compare_meta
+from .compare import NOT_IMPLEMENTED, Mismatch, compare_meta
 from .contract import CHAPTERS, Chapter, Exercise, chapter_for_filename
 from .execute import execute
 from .inputs import grading_seed
@@ -177,7 +177,27 @@ def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: lis
     for ex in chapter.exercises:
         if exercises is None or ex.name in exercises:
             tests += grade_exercise(chapter, ex, run, devices, seed, quick)
+    _point_to_failing_foundations(chapter, tests)
     return tests
+
+
+def _point_to_failing_foundations(chapter: Chapter, tests: list[TestResult]) -> None:
+    """Where an exercise fails without a hint and an exercise it may call fails too, say so:
+    the mistake is most likely there (e.g. SelfAttention over a wrong scaled_dot_product_attention)."""
+    failing = {t.exercise for t in tests if t.device == "cpu" and t.score < t.max_score}
+    for t in tests:
+        foundations = [b for b in chapter.exercise(t.exercise).builds_on if b in failing]
+        if not foundations:
+            continue
+        names = " and ".join(f"`{b}`" for b in foundations)
+        plural = len(foundations) > 1
+        it = "them" if plural else "it"
+        text = (f"{names} {'fail their' if plural else 'fails its'} own tests too, and `{t.exercise}` may "
+                f"call {it}: fix {it} first (see the hint there), then check this one again")
+        for c in t.cases:
+            if not c.passed and not c.hint and c.aspect not in ("missing", "timeout", "crash") \
+                    and not c.message.startswith(NOT_IMPLEMENTED):
+                c.hint = text
 
 
 def zero_chapter(chapter: Chapter, devices: list[str], note: str) -> list[TestResult]:

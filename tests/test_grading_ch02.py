@@ -174,6 +174,16 @@ def test_a_fully_masked_row_filled_with_minus_1e9_fails_only_the_cases_with_such
     assert failed and failed <= with_full_rows, failed - with_full_rows
 
 
+def test_self_attention_over_a_wrong_function_points_to_that_function():
+    """The notebook's SelfAttention calls its own scaled_dot_product_attention, as the exercise
+    asks; when that is wrong, SelfAttention's failure names it rather than saying nothing."""
+    self_attention = next(c[1] for c in CORRECT if c[0] == "self-attention-fused-projection-split-in-forward")
+    result = grade(namespace(next(b[2] for b in BUGGY if b[0] == "unscaled") + self_attention))
+    assert "unscaled" in result["scaled_dot_product_attention"]["first"].hint
+    first = result["SelfAttention"]["first"]
+    assert first is not None and "`scaled_dot_product_attention` fails its own tests" in first.hint
+
+
 def test_a_parameter_misnamed_is_reported_by_name():
     src = next(b[2] for b in BUGGY if b[0] == "self-attention-other-parameter-names")
     first = grade(namespace(src))["SelfAttention"]["first"]
