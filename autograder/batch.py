@@ -25,8 +25,18 @@ def _grade_chapter(grader: Grader, chapter_id: str, notebook: Path | None) -> Ch
     return grader.grade_planned(chapter_id, notebook)
 
 
-def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict) -> None:
+def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, counter) -> None:
     import torch
+
+    # Each worker gets its own `threads` cores where the machine has enough: the worker and
+    # its student processes take turns on them, and stay off the other workers' caches.
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    mine = cores[index * threads:(index + 1) * threads]
+    if len(mine) == threads:
+        os.sched_setaffinity(0, mine)
 
     # The forkserver was started earlier, perhaps from elsewhere: take this run's working
     # directory and AUTOGRADER_* settings (limits, sandbox mode, hidden paths) from the parent.
@@ -55,10 +65,12 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
         REFERENCES.warm(chapters or list(CHAPTERS), grader.devices, grader.seed, grader.quick)
     except Exception:  # not fatal: each worker then computes what it needs itself
         pass
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // jobs)
+    settings = {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
-                               initargs=(REFERENCES.snapshot(), threads, os.getcwd(),
-                                         {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}))
+                               initargs=(REFERENCES.snapshot(), threads, os.getcwd(), settings,
+                                         ctx.Value("i", 0)))
 
 
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,

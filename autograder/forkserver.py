@@ -8,7 +8,10 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 
-PRELOAD = ["autograder.grading", "autograder.session"]
+# What a worker would otherwise import on its first chapter: torch and the grader, nbformat
+# (reading notebooks), and sympy by way of torch's symbolic shapes (the meta-device checks).
+PRELOAD = ["autograder.grading", "autograder.session", "autograder.notebook",
+           "torch.fx.experimental.symbolic_shapes"]
 
 
 def context():
