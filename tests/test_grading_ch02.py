@@ -38,6 +38,14 @@ def _sdpa(scores_line: str, mask_block: str | None = None, rows: str = _FULL_ROW
     return "def scaled_dot_product_attention(q, k, v, mask=None):\n" + body
 
 
+def _self_attention(names=("W_q", "W_k", "W_v"), bias=False, call=None) -> str:
+    q, k, v = names
+    call = call or f"scaled_dot_product_attention(self.{q}(x), self.{k}(x), self.{v}(x), mask)"
+    layers = "".join(f"        self.{n} = nn.Linear(d_model, d_k, bias={bias})\n" for n in names)
+    return ("class SelfAttention(nn.Module):\n    def __init__(self, d_model, d_k):\n"
+            f"        super().__init__()\n{layers}\n    def forward(self, x, mask=None):\n        return {call}\n")
+
+
 # (id, exercise, source, words the hint of the first CPU failure must contain, or None)
 BUGGY = [
     ("unscaled", "scaled_dot_product_attention",
@@ -100,50 +108,12 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     ("always-float32", "scaled_dot_product_attention",
      _sdpa("(q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))",
            out="(w @ v.float()), w"), None),
-    ("self-attention-keys-from-W_q", "SelfAttention", """
-class SelfAttention(nn.Module):
-    def __init__(self, d_model, d_k):
-        super().__init__()
-        self.W_q = nn.Linear(d_model, d_k, bias=False)
-        self.W_k = nn.Linear(d_model, d_k, bias=False)
-        self.W_v = nn.Linear(d_model, d_k, bias=False)
-
-    def forward(self, x, mask=None):
-        return scaled_dot_product_attention(self.W_q(x), self.W_q(x), self.W_v(x), mask)
-""", None),
-    ("self-attention-with-bias", "SelfAttention", """
-class SelfAttention(nn.Module):
-    def __init__(self, d_model, d_k):
-        super().__init__()
-        self.W_q = nn.Linear(d_model, d_k)
-        self.W_k = nn.Linear(d_model, d_k)
-        self.W_v = nn.Linear(d_model, d_k)
-
-    def forward(self, x, mask=None):
-        return scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x), mask)
-""", None),
-    ("self-attention-mask-dropped", "SelfAttention", """
-class SelfAttention(nn.Module):
-    def __init__(self, d_model, d_k):
-        super().__init__()
-        self.W_q = nn.Linear(d_model, d_k, bias=False)
-        self.W_k = nn.Linear(d_model, d_k, bias=False)
-        self.W_v = nn.Linear(d_model, d_k, bias=False)
-
-    def forward(self, x, mask=None):
-        return scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x))
-""", None),
-    ("self-attention-other-parameter-names", "SelfAttention", """
-class SelfAttention(nn.Module):
-    def __init__(self, d_model, d_k):
-        super().__init__()
-        self.query = nn.Linear(d_model, d_k, bias=False)
-        self.key = nn.Linear(d_model, d_k, bias=False)
-        self.value = nn.Linear(d_model, d_k, bias=False)
-
-    def forward(self, x, mask=None):
-        return scaled_dot_product_attention(self.query(x), self.key(x), self.value(x), mask)
-""", None),
+    ("self-attention-keys-from-W_q", "SelfAttention",
+     _self_attention(call="scaled_dot_product_attention(self.W_q(x), self.W_q(x), self.W_v(x), mask)"), None),
+    ("self-attention-with-bias", "SelfAttention", _self_attention(bias=True), None),
+    ("self-attention-mask-dropped", "SelfAttention",
+     _self_attention(call="scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x))"), None),
+    ("self-attention-other-parameter-names", "SelfAttention", _self_attention(names=("query", "key", "value")), None),
 ]
 
 
