@@ -21,6 +21,16 @@ def _chapters(text: str | None) -> list[str] | None:
     return out
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: CPU, plus CUDA when available (else a meta-device portability check); "
@@ -44,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("path", type=Path, help="a chapter notebook (NN_name.ipynb) or a folder")
     g.add_argument("--json", type=Path, metavar="FILE", help="write Gradescope results.json here")
     g.add_argument("--html", type=Path, metavar="FILE", help="write an HTML feedback page here")
-    g.add_argument("--jobs", type=int, default=None, help="chapters graded at once (default: 2)")
+    g.add_argument("--jobs", type=_positive, default=None, help="chapters graded at once (default: 2)")
     g.add_argument("--verbose", action="store_true", help="also show sandbox notes")
     _common(g)
 
@@ -54,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("class_dir", type=Path)
     b.add_argument("--csv", type=Path, default=Path("grades.csv"), help="grades CSV (default: grades.csv)")
     b.add_argument("--out", type=Path, default=None, help="folder for per-student reports")
-    b.add_argument("--jobs", type=int, default=1, help="students graded at once (default: 1)")
+    b.add_argument("--jobs", type=_positive, default=1,
+                   help="notebooks graded at once, in worker processes; set it to the number of CPU cores "
+                        "(default: 1)")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _common(b)
 

@@ -68,6 +68,8 @@ def test_cli_usage_errors_exit_2():
     assert cli("grade", "no/such/path.ipynb").returncode == 2
     assert cli("grade").returncode == 2
     assert cli("frobnicate").returncode == 2
+    r = cli("batch", str(REPO), "--jobs", "0")
+    assert r.returncode == 2 and "--jobs: must be at least 1" in r.stderr
     r = cli("grade", "--help")
     assert r.returncode == 0 and "--json" in r.stdout and "--device" in r.stdout
 
