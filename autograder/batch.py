@@ -45,9 +45,8 @@ def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, count
         del os.environ[key]
     os.environ.update(settings)
 
-    # Each worker gets its share of the cores: idle OpenMP threads spin for a while after
-    # each operation, and with more threads than cores they would take CPU from the other
-    # workers' student processes.
+    # As many torch threads as its cores: idle OpenMP threads spin for a while after each
+    # operation, and more threads than cores would take CPU from the other workers' students.
     torch.set_num_threads(threads)
     REFERENCES.adopt(snapshot)
 

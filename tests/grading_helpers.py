@@ -41,6 +41,25 @@ def grade_in(chapter: str, ns: dict) -> dict:
     return out
 
 
+def check_buggy(chapter: str, exercise: str, src: str, words: str | None) -> None:
+    """A buggy `src` loses credit on `exercise`, every other exercise keeps full marks, and,
+    with `words`, the hint of the first CPU failure contains them."""
+    result = grade_in(chapter, namespace_of(chapter, src))
+    assert result[exercise]["score"] < result[exercise]["max"], failures(result[exercise])
+    for other, e in result.items():
+        if other != exercise:
+            assert full(e), (other, failures(e))
+    if words:
+        first = result[exercise]["first"]
+        assert first is not None and first.hint and words in first.hint, (first.case, first.message, first.hint)
+
+
+def check_equivalent(chapter: str, src: str) -> None:
+    """A correct but differently written `src` scores full marks on every exercise."""
+    for ex, e in grade_in(chapter, namespace_of(chapter, src)).items():
+        assert full(e), (ex, failures(e))
+
+
 def full(e: dict) -> bool:
     return abs(e["score"] - e["max"]) < 1e-9
 

@@ -4,6 +4,7 @@ PyTorch's ready-made attention scores zero, training-mode dropout is graded by p
 hold whatever the random stream.
 What every chapter shares is in test_grading_common.py."""
 import dataclasses
+import functools
 import textwrap
 
 import pytest
@@ -15,17 +16,11 @@ from autograder.execute import execute
 from autograder.inputs import generator
 from autograder.references import load_reference
 
-from grading_helpers import GRADER, failures, full, grade_in, namespace_of
+from grading_helpers import GRADER, check_buggy, check_equivalent, failures, full, grade_in, namespace_of
 
 CH = "03_multi_head_attention"
-
-
-def namespace(src: str = "") -> dict:
-    return namespace_of(CH, src)
-
-
-def grade(ns: dict) -> dict:
-    return grade_in(CH, ns)
+namespace = functools.partial(namespace_of, CH)  # the reference with `src` run on top
+grade = functools.partial(grade_in, CH)
 
 
 # A multi-head attention written independently of the reference (einsum, its own head split, an
@@ -164,14 +159,7 @@ BUGGY = [
 
 @pytest.mark.parametrize("name, exercise, src, words", BUGGY, ids=[b[0] for b in BUGGY])
 def test_buggy_implementation_loses_credit_on_its_exercise_only(name, exercise, src, words):
-    result = grade(namespace(src))
-    assert result[exercise]["score"] < result[exercise]["max"]
-    for other, e in result.items():
-        if other != exercise:
-            assert full(e), (other, failures(e))
-    if words:
-        first = result[exercise]["first"]
-        assert first is not None and first.hint and words in first.hint, (first.case, first.message, first.hint)
+    check_buggy(CH, exercise, src, words)
 
 
 def test_a_hardcoded_batch_split_fails_on_unbatched_and_extra_dims_only():
@@ -242,9 +230,7 @@ CORRECT = [
 
 @pytest.mark.parametrize("name, src", CORRECT, ids=[c[0] for c in CORRECT])
 def test_equivalent_implementations_score_full_marks(name, src):
-    result = grade(namespace(src))
-    for ex, e in result.items():
-        assert full(e), (ex, failures(e))
+    check_equivalent(CH, src)
 
 
 @pytest.mark.parametrize("src", [

@@ -2,22 +2,17 @@
 exercise they touch only, hints name the mistake, equivalent formulations score full marks.
 What every chapter shares (full marks for the reference, zero for the stubs, the quick cases) is in
 test_grading_common.py."""
+import functools
 
 import pytest
 
 from autograder.references import load_reference
 
-from grading_helpers import failures, full, grade_in, namespace_of
+from grading_helpers import check_buggy, check_equivalent, grade_in, namespace_of
 
 CH = "04_positional_encoding"
-
-
-def namespace(src: str = "") -> dict:
-    return namespace_of(CH, src)
-
-
-def grade(ns: dict) -> dict:
-    return grade_in(CH, ns)
+namespace = functools.partial(namespace_of, CH)  # the reference with `src` run on top
+grade = functools.partial(grade_in, CH)
 
 
 # Module sources reuse the reference's table function (it lives in the namespace).
@@ -229,14 +224,7 @@ BUGGY = [
 
 @pytest.mark.parametrize("name, exercise, src, words", BUGGY, ids=[b[0] for b in BUGGY])
 def test_buggy_implementation_loses_credit_on_its_exercise_only(name, exercise, src, words):
-    result = grade(namespace(src))
-    assert result[exercise]["score"] < result[exercise]["max"]
-    for other, e in result.items():
-        if other != exercise:
-            assert full(e), (other, failures(e))
-    if words:
-        first = result[exercise]["first"]
-        assert first is not None and first.hint and words in first.hint, (first.case, first.message, first.hint)
+    check_buggy(CH, exercise, src, words)
 
 
 @pytest.mark.parametrize("exercise, src", [
@@ -302,9 +290,7 @@ CORRECT = [
 
 @pytest.mark.parametrize("name, src", CORRECT, ids=[c[0] for c in CORRECT])
 def test_equivalent_implementations_score_full_marks(name, src):
-    result = grade(namespace(src))
-    for ex, e in result.items():
-        assert full(e), (ex, failures(e))
+    check_equivalent(CH, src)
 
 
 def test_rotary_reference_depends_on_relative_position_only():

@@ -2,6 +2,7 @@
 mistakes lose credit on the exercise they touch only, hints name the mistake, equivalent
 formulations score full marks, PyTorch's ready-made attention scores zero.
 What every chapter shares is in test_grading_common.py."""
+import functools
 import textwrap
 
 import pytest
@@ -11,17 +12,11 @@ from autograder.cases import build_cases
 from autograder.execute import execute
 from autograder.references import load_reference
 
-from grading_helpers import GRADER, failures, full, grade_in, namespace_of
+from grading_helpers import GRADER, check_buggy, check_equivalent, failures, full, grade_in, namespace_of
 
 CH = "06_gated_global_attention"
-
-
-def namespace(src: str = "") -> dict:
-    return namespace_of(CH, src)
-
-
-def grade(ns: dict) -> dict:
-    return grade_in(CH, ns)
+namespace = functools.partial(namespace_of, CH)  # the reference with `src` run on top
+grade = functools.partial(grade_in, CH)
 
 
 # The module written independently of the reference: forward does its own head split (so a broken
@@ -151,14 +146,7 @@ BUGGY = [
 
 @pytest.mark.parametrize("name, exercise, src, words", BUGGY, ids=[b[0] for b in BUGGY])
 def test_buggy_implementation_loses_credit_on_its_exercise_only(name, exercise, src, words):
-    result = grade(namespace(src))
-    assert result[exercise]["score"] < result[exercise]["max"]
-    for other, e in result.items():
-        if other != exercise:
-            assert full(e), (other, failures(e))
-    if words:
-        first = result[exercise]["first"]
-        assert first is not None and first.hint and words in first.hint, (first.case, first.message, first.hint)
+    check_buggy(CH, exercise, src, words)
 
 
 def test_multi_head_keys_in_global_mode_cost_the_global_exercises_and_are_explained():
@@ -249,9 +237,7 @@ CORRECT = [
 
 @pytest.mark.parametrize("name, src", CORRECT, ids=[c[0] for c in CORRECT])
 def test_equivalent_implementations_score_full_marks(name, src):
-    result = grade(namespace(src))
-    for ex, e in result.items():
-        assert full(e), (ex, failures(e))
+    check_equivalent(CH, src)
 
 
 def test_a_prepare_qkv_mistake_also_costs_forward_when_forward_uses_it():
