@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from . import forkserver
 from .contract import CHAPTERS
-from .grading import REFERENCES, Grader, zero_chapter
+from .grading import REFERENCES, Grader
 from .report import gradescope, html
 from .results import ChapterResult, SubmissionResult
 
@@ -109,11 +109,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
             try:
                 done[name][i] = fut.result()
             except Exception as e:  # a worker process died: this chapter only is lost
-                ch = CHAPTERS[chapter_id]
-                note = f"grader error: {type(e).__name__}: {e}"
-                done[name][i] = ChapterResult(chapter_id, str(notebook) if notebook else None,
-                                              zero_chapter(ch, grader.devices, note),
-                                              notes=[f"internal grader error ({type(e).__name__}: {e})"])
+                done[name][i] = grader.failed_chapter(chapter_id, notebook, e)
             if len(done[name]) == len(plans[name][1]):
                 finish(name)
                 bar.set_postfix_str(name)

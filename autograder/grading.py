@@ -308,9 +308,14 @@ class Grader:
         try:
             return self.grade_notebook(notebook, ch)
         except Exception as e:
-            return ChapterResult(chapter_id, str(notebook),
-                                 zero_chapter(ch, self.devices, f"grader error: {type(e).__name__}: {e}"),
-                                 notes=[f"internal grader error ({type(e).__name__}: {e}); please report it"])
+            return self.failed_chapter(chapter_id, notebook, e)
+
+    def failed_chapter(self, chapter_id: str, notebook: Path | None, error: Exception) -> ChapterResult:
+        """A chapter at zero because the grader itself failed on it (not the student's doing)."""
+        why = f"{type(error).__name__}: {error}"
+        return ChapterResult(chapter_id, str(notebook) if notebook else None,
+                             zero_chapter(CHAPTERS[chapter_id], self.devices, f"grader error: {why}"),
+                             notes=[f"internal grader error ({why}); please report it"])
 
     @staticmethod
     def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:

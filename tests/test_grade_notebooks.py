@@ -191,3 +191,20 @@ def test_grading_is_deterministic_and_solutions_never_flake():
     a = Grader(device="cpu").grade_path(REPO / "exercises" / f"{CH2}.ipynb")
     b = Grader(device="cpu").grade_path(REPO / "exercises" / f"{CH2}.ipynb")
     assert [t.score for t in a.chapters[0].tests] == [t.score for t in b.chapters[0].tests]
+
+
+def test_a_grader_fault_zeroes_that_chapter_only_and_says_so(monkeypatch):
+    real = Grader.grade_notebook
+
+    def faulty(self, path, chapter):
+        if chapter.id == CH2:
+            raise RuntimeError("boom")
+        return real(self, path, chapter)
+
+    monkeypatch.setattr(Grader, "grade_notebook", faulty)
+    result = Grader(device="cpu").grade_path(REPO / "solutions", chapters=["01_intuition", CH2])
+    by = {c.chapter: c for c in result.chapters}
+    assert by["01_intuition"].score == CHAPTERS["01_intuition"].points
+    assert by[CH2].score == 0
+    assert any("internal grader error (RuntimeError: boom)" in n for n in by[CH2].notes)
+    assert all("grader error: RuntimeError: boom" in t.note for t in by[CH2].tests)
