@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+import torch
+
 from ..calls import Call, Outcome
 from ..contract import CHAPTERS
 from ..inputs import generator
@@ -48,6 +50,13 @@ def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | Non
         return _module(call.chapter).hint(call, student, expected, mismatch)
     except Exception:  # a hint is a courtesy; never let it break grading
         return None
+
+
+def matches(a, b, rtol: float = 1e-4, atol: float = 1e-6) -> bool:
+    """Whether a submitted tensor `a` equals the output `b` of a mistake model (NaN counted as 0):
+    how the hints recognise a mistake."""
+    return (a is not None and b is not None and tuple(a.shape) == tuple(b.shape)
+            and torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol))
 
 
 def call(case: str, *args, **fields) -> Call:

@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..inputs import randn
-from . import call
+from . import call, matches
 
 
 def cases(exercise, gen, ref, quick):
@@ -110,12 +110,6 @@ def _pool_cases(gen, quick):
 
 
 # ----------------------------------------------------------------------------- hints
-def _close(a, b) -> bool:
-    return (a is not None and b is not None and a.shape == b.shape
-            and torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()),
-                               rtol=1e-4, atol=1e-6))
-
-
 def _dim_of(call) -> int:
     if "dim" in call.kwargs:
         return call.kwargs["dim"]
@@ -152,10 +146,10 @@ def softmax_hint(call, student, expected, mismatch) -> str | None:
     sums = y.sum(d)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
         for other in range(x.dim()):
-            if other != d and x.shape[other] > 1 and _close(y, torch.softmax(x, other)):
+            if other != d and x.shape[other] > 1 and matches(y, torch.softmax(x, other)):
                 return (f"the probabilities sum to 1 along dim {other - x.dim()} instead of dim={dim}: "
                         "use the `dim` argument for the max, the exp's sum and the division")
-        if _close(y, torch.exp(x - x.amax(d, keepdim=True))):
+        if matches(y, torch.exp(x - x.amax(d, keepdim=True))):
             return "the result is not normalised: divide by the sum of the exponentials along `dim`"
         return f"the probabilities do not sum to 1 along dim={dim}"
     return None
@@ -198,9 +192,9 @@ def pool_hint(call, student, expected, mismatch) -> str | None:
             candidates.append(("the softmax is taken over a batch axis: take it over the keys (dim=-1)",
                                torch.softmax(raw, axis)))
     for text, cand in candidates:
-        if _close(weights, cand):
+        if matches(weights, cand):
             return text
-    if mismatch.output == 0 and _close(weights, expected.outputs[1]):
+    if mismatch.output == 0 and matches(weights, expected.outputs[1]):
         return ("the weights are right but the output is not: the output is the weighted sum of the "
                 "values, (weights.unsqueeze(-2) @ values).squeeze(-2)")
     return None

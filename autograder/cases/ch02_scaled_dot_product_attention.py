@@ -6,7 +6,7 @@ import math
 import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import call
+from . import call, matches
 
 
 def cases(exercise, gen, ref, quick):
@@ -81,11 +81,6 @@ def _masked(scores, mask):
     return scores + mask
 
 
-def _close(a, b):
-    return a is not None and a.shape == b.shape and torch.allclose(
-        torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=1e-4, atol=1e-6)
-
-
 def sdpa_weight_hint(q, k, mask, weights, expected_weights) -> str | None:
     """Names the mistake whose weights match the student's (plain-torch mistake models)."""
     if weights is None or expected_weights is None or weights.shape != expected_weights.shape:
@@ -113,7 +108,7 @@ def sdpa_weight_hint(q, k, mask, weights, expected_weights) -> str | None:
     for text, cand, rows in candidates:
         if rows is not None:
             cand = cand.masked_fill(rows.unsqueeze(-1), 0.0)
-        if _close(weights, cand) or _close(weights, torch.nan_to_num(cand)):
+        if matches(weights, cand) or matches(weights, torch.nan_to_num(cand)):
             return text
     if full is not None and full.any():
         rows = weights.double()[full.expand(weights.shape[:-1])]
@@ -138,6 +133,6 @@ def hint(call, student, expected, mismatch):
         h = sdpa_weight_hint(q, k, mask, student.outputs[1], expected.outputs[1])
         if h:
             return h
-        if mismatch.output == 0 and _close(student.outputs[1], expected.outputs[1]):
+        if mismatch.output == 0 and matches(student.outputs[1], expected.outputs[1]):
             return "the weights are right but the output is not: multiply the weights by v (weights @ v)"
     return None

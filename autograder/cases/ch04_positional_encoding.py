@@ -13,12 +13,15 @@ equally good float32 formula.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ..inputs import distinct_state, randn
-from . import call
+from . import call, matches
+
+_matches = functools.partial(matches, atol=1e-5)  # this chapter's mistake models use atol 1e-5
 
 
 def cases(exercise, gen, ref, quick):
@@ -156,11 +159,6 @@ _TABLE_MISTAKES = [
 ]
 
 
-def _close(a, b, rtol=1e-4, atol=1e-5) -> bool:
-    return (a is not None and b is not None and tuple(a.shape) == tuple(b.shape)
-            and torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol))
-
-
 def table_hint(call, student, expected, mismatch):
     max_len, d_model = _table_args(call)
     if mismatch.aspect == "shape" and student.meta and "shape" in student.meta[0]:
@@ -186,7 +184,7 @@ def table_hint(call, student, expected, mismatch):
 def _which_table_mistake(table, max_len, d_model):
     """The mistake whose table matches `table` ((..., max_len, d_model), broadcast over ...)."""
     for kw, text in _TABLE_MISTAKES:
-        if _close(table, _table(max_len, d_model, **kw).expand_as(table)):
+        if _matches(table, _table(max_len, d_model, **kw).expand_as(table)):
             return text
     return None
 
@@ -227,14 +225,14 @@ def sinusoidal_module_hint(call, student, expected, mismatch):
         x = call.args[0].double()
         out = student.outputs[0].double()
         L, d_model = x.shape[-2], x.shape[-1]
-        if _close(out, _table(L, d_model).expand_as(out)):
+        if _matches(out, _table(L, d_model).expand_as(out)):
             return "forward returns the table alone: return x + pe[:L]"
-        if _close(out - x * math.sqrt(d_model), _table(L, d_model).expand_as(out)):
+        if _matches(out - x * math.sqrt(d_model), _table(L, d_model).expand_as(out)):
             return "x is scaled by sqrt(d_model): forward returns x + pe[:L], x unscaled"
         found = _which_table_mistake(out - x, L, d_model)
         if found:
             return found
-        if _close(out - x, _table(L + 1, d_model)[1:].expand_as(out)):
+        if _matches(out - x, _table(L + 1, d_model)[1:].expand_as(out)):
             return "positions start at 0: add pe[:L], the rows 0 … L-1"
     return None
 
@@ -250,9 +248,9 @@ def learned_hint(call, student, expected, mismatch):
         out = student.outputs[0].double()
         weight = call.state["embedding.weight"].double()
         L = x.shape[-2]
-        if _close(out, weight[:L].expand_as(out)):
+        if _matches(out, weight[:L].expand_as(out)):
             return "forward returns the embedding alone: return x + embedding(positions)"
-        if L + 1 <= weight.shape[0] and _close(out, x + weight[1:L + 1]):
+        if L + 1 <= weight.shape[0] and _matches(out, x + weight[1:L + 1]):
             return "positions start at 0: embed torch.arange(L) (0 … L-1), not 1 … L"
     return None
 
@@ -305,9 +303,9 @@ def rope_hint(call, student, expected, mismatch):
         ({"offset": 1}, "positions start at 0 (the first row is not rotated), not at 1"),
     ]
     for kw, text in mistakes:
-        if _close(y, _rope(x, base, **kw)):
+        if _matches(y, _rope(x, base, **kw)):
             return text
-    if base != 10000.0 and _close(y, _rope(x, 10000.0)):
+    if base != 10000.0 and _matches(y, _rope(x, 10000.0)):
         return "the `base` argument is ignored: the angle of pair i is p · base^(-2i/d)"
     return _precision_hint(call, mismatch)
 
