@@ -43,6 +43,15 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
+def _label_cells(ax, rows, cols, xlabels, ylabels):
+    """One tick per row and column of a matrix image, labelled (tokens) or numbered."""
+    ax.set_xticks(range(cols))
+    ax.set_yticks(range(rows))
+    ax.set_xticklabels(xlabels if xlabels is not None else range(cols), rotation=45 if xlabels else 0,
+                       ha="right" if xlabels else "center")
+    ax.set_yticklabels(ylabels if ylabels is not None else range(rows))
+
+
 def heatmap(ax, weights, xlabels=None, ylabels=None, *, title=None, annotate=True,
             cmap="Blues", vmin=0.0, vmax=None, xlabel="key", ylabel="query", fmt="{:.2f}",
             colorbar=False):
@@ -51,11 +60,7 @@ def heatmap(ax, weights, xlabels=None, ylabels=None, *, title=None, annotate=Tru
     im = ax.imshow(w, cmap=cmap, vmin=vmin, vmax=vmax if vmax is not None else max(w.max(), 1e-12),
                    aspect="auto")
     rows, cols = w.shape
-    ax.set_xticks(range(cols))
-    ax.set_yticks(range(rows))
-    ax.set_xticklabels(xlabels if xlabels is not None else range(cols), rotation=45 if xlabels else 0,
-                       ha="right" if xlabels else "center")
-    ax.set_yticklabels(ylabels if ylabels is not None else range(rows))
+    _label_cells(ax, rows, cols, xlabels, ylabels)
     if xlabel:
         ax.set_xlabel(xlabel)
     if ylabel:
@@ -95,11 +100,7 @@ def mask_image(ax, mask, xlabels=None, ylabels=None, *, title=None, xlabel="key"
     m = to_numpy(mask).astype(bool)
     ax.imshow(m, cmap=ListedColormap(["#d3d7cf", "#73d216"]), vmin=0, vmax=1, aspect="equal")
     rows, cols = m.shape
-    ax.set_xticks(range(cols))
-    ax.set_yticks(range(rows))
-    ax.set_xticklabels(xlabels if xlabels is not None else range(cols), rotation=45 if xlabels else 0,
-                       ha="right" if xlabels else "center")
-    ax.set_yticklabels(ylabels if ylabels is not None else range(rows))
+    _label_cells(ax, rows, cols, xlabels, ylabels)
     ax.set_xticks(np.arange(-0.5, cols), minor=True)
     ax.set_yticks(np.arange(-0.5, rows), minor=True)
     ax.grid(which="minor", color="white", linewidth=1.5)

@@ -289,10 +289,8 @@ def fine():
 
 # ------------------------------------------------------------------ processes outlive nothing
 
-@pytest.mark.parametrize("mode", MODES)
-def test_daemon_is_gone_after_close(mode):
-    marker = f"daemon-{uuid.uuid4().hex}"
-    cells = [f'''
+# A cell that leaves a daemon behind (double fork, new session), findable by `marker`.
+DAEMON_CELL = '''
 import os, sys
 if os.fork() == 0:
     os.setsid()
@@ -300,7 +298,13 @@ if os.fork() == 0:
         os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
     os._exit(0)
 os.wait()
-''']
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_daemon_is_gone_after_close(mode):
+    marker = f"daemon-{uuid.uuid4().hex}"
+    cells = [DAEMON_CELL.format(marker=marker)]
     s = session(cells, mode)
     try:
         assert s.start()["cells"][0]["status"] == "ok"
@@ -604,15 +608,7 @@ def test_everything_dies_with_a_killed_grader(tmp_path):
 import sys
 sys.path.insert(0, {str(REPO_DIR)!r})
 from autograder.session import StudentSession, Limits
-cells = ["""
-import os, sys, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
-    os._exit(0)
-os.wait()
-""", "print('ready', flush=True)", "while True:\\n    pass"]
+cells = [{DAEMON_CELL.format(marker=marker)!r}, "print('ready', flush=True)", "while True:\\n    pass"]
 s = StudentSession(cells, Limits(cell_timeout=60, notebook_timeout=120), sandbox="bubblewrap")
 s.start()
 ''')
