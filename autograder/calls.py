@@ -6,7 +6,32 @@ process boundary through `autograder.wire` (no pickle) and can be stored as self
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import Enum
+
+
+class ErrorKind(str, Enum):
+    """Error types that are not the student's own exception (Outcome.error["type"]). A `str`
+    Enum, so `ErrorKind.TIMEOUT == "Timeout"` and plain strings sent by the child compare equal."""
+
+    MISSING = "Missing"    # the target name is not defined
+    TIMEOUT = "Timeout"    # the call (or the child) ran past its time limit
+    CRASH = "Crash"        # the child process died or sent malformed data
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def aspect(self) -> str:
+        """The Mismatch aspect it is reported under ("missing", "timeout", "crash")."""
+        return self.value.lower()
+
+    @classmethod
+    def of(cls, error: dict | None) -> "ErrorKind | None":
+        """The kind of an Outcome.error, or None for an exception the code itself raised."""
+        try:
+            return cls(error["type"]) if error else None
+        except ValueError:
+            return None
 
 
 @dataclass
@@ -72,8 +97,8 @@ class Outcome:
 
     Attributes:
         error: None, or {"type", "message", "where"} for an exception (student frames only),
-            "type" being "Missing" when the target name does not exist, "Timeout"/"Crash" when
-            the child process hung or died.
+            "type" being an `ErrorKind` value ("Missing", "Timeout", "Crash") where the code
+            itself raised nothing (see ErrorKind).
         returned: a description of the returned structure ("tuple(Tensor, Tensor)", "Tensor",
             "NoneType"), so a wrong return type is reported in words.
         outputs: the returned tensors, flattened in order, detached on the CPU (None where a
@@ -107,9 +132,4 @@ class Outcome:
 
     @classmethod
     def failure(cls, type_: str, message: str, where: str = "") -> "Outcome":
-        return cls(error={"type": type_, "message": message, "where": where})
-
-
-def plain_value(x: Any) -> bool:
-    """Whether x is a value allowed inside a Call (tensors are handled by the wire format)."""
-    return x is None or isinstance(x, (bool, int, float, str))
+        return cls(error={"type": str(type_), "message": message, "where": where})

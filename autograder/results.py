@@ -13,6 +13,8 @@ class CaseResult:
     aspect: str = ""     # first failing aspect (see compare.Mismatch)
     message: str = ""
     hint: str | None = None
+    note: str = ""       # on a pass: what was allowed (e.g. compare.FLOAT32_NOTE)
+    not_implemented: bool = False  # the code is still the exercise stub
     figure: dict | None = None  # {"expected": [[...]], "submitted": [[...]]} attention weights, for HTML
 
 

@@ -15,6 +15,7 @@ the framework calls for this chapter when it supports chapter comparisons (see `
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -23,7 +24,7 @@ import torch
 from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import call
+from . import Hints, Mistake, call
 
 DROPOUT_P = 0.5
 
@@ -297,9 +298,8 @@ def _dropout_violation(call, outcome, w_eval) -> Mismatch | None:
 
 
 # ----------------------------------------------------------------------------- hints
-# Plain-torch "mistake models": each recomputes the call with one named mistake; a hint is given
-# only when exactly one model reproduces what the student returned and the mistake-free model
-# reproduces the reference (so the models and the contract agree on this call).
+# Plain-torch mistake models (see autograder.cases.Mistake): each recomputes the call with one
+# named mistake.
 def _linear(x, st, name):
     y = x @ st[f"{name}.weight"].T
     b = st.get(f"{name}.bias")
@@ -336,16 +336,19 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
     if mask is not None:
         if mask.dtype == torch.bool:
             keep = ~mask if invert else mask
-            s = s.masked_fill(~keep, float("-inf") if full_rows == "zero" else -1e9)
+            s = s.masked_fill(~keep, -1e9 if full_rows == "uniform" else float("-inf"))
         else:
             s = s + mask
-    dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
-    w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
+    if full_rows != "zero":  # "nan": a plain softmax; "uniform": -1e9 left a softmax over all keys
+        w = torch.softmax(s, dim=dim)
+    else:
+        dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
+        w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
     return w @ v, w
 
 
 def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=False, full_rows="zero",
-               value_default="key", key_default="query", out_proj=True, layout="3hd"):
+               value_default="key", out_proj=True, layout="3hd"):
     st = {k: v.double() for k, v in call.state.items()}
     args = [a.double() for a in call.args]
     mask = call.kwargs.get("mask")
@@ -361,13 +364,11 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
             q, k, v = qkv.view(B, N, 3, H, E // H).permute(2, 0, 3, 1, 4)
         elif layout == "h3d":
             q, k, v = qkv.view(B, N, H, 3, E // H).permute(3, 0, 2, 1, 4)
-        elif layout == "3dh":
+        else:  # "3dh"
             q, k, v = qkv.view(B, N, 3, E // H, H).permute(2, 0, 4, 1, 3)
-        else:
-            raise ValueError(layout)
     else:
         query = args[0]
-        key = args[1] if len(args) > 1 else {"query": query}[key_default]
+        key = args[1] if len(args) > 1 else query
         value = args[2] if len(args) > 2 else {"key": key, "query": query}[value_default]
         q = _split(_linear(query, st, "q_proj"), H, split)
         k = _split(_linear(key, st, "k_proj"), H, split)
@@ -377,143 +378,97 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
     return [_linear(o, st, "out_proj") if out_proj else o, w]
 
 
-MHA_MISTAKES = [
-    ("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "
-     "num_heads), so that head h holds features h*d_h to (h+1)*d_h - 1", dict(split="dh", merge="hd")),
-    ("the heads are split and merged in the wrong order: use (..., L, num_heads, d_h), not "
-     "(..., L, d_h, num_heads), in both split and merge", dict(split="dh")),
-    ("the heads are made by reshaping straight to (..., H, L, d_h), which mixes positions: reshape to "
-     "(..., L, H, d_h) and then transpose L and H", dict(split="no-transpose", merge="hd")),
-    ("the weights are right but the output is not: merge the heads back by transposing to "
-     "(B, L, H, d_h) before flattening to (B, L, E)", dict(merge="no-transpose")),
-    ("the weights are right but the output is not: merge the heads in the order (B, L, H, d_h), so "
-     "head h fills features h*d_h to (h+1)*d_h - 1", dict(merge="dh")),
-    ("scores look unscaled: divide q·k by sqrt(d_h) (the per-head dimension) before the softmax",
-     dict(scale="none")),
-    ("scores are divided by sqrt(embed_dim): divide by sqrt(d_h) = sqrt(embed_dim / num_heads)",
-     dict(scale="E")),
-    ("scores are divided by d_h: divide by sqrt(d_h)", dict(scale="d_h^1")),
-    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2)),
-    ("the mask looks inverted: True means 'may attend' (keep), False means masked out",
-     dict(invert=True)),
-    ("a fully masked row should give zero weights and a zero output, not a uniform average "
-     "(-1e9 instead of -inf, or no zeroing after the softmax?)", dict(full_rows="uniform")),
-    ("out_proj is missing: the merged heads go through out_proj", dict(out_proj=False)),
-]
-MHA_DEFAULT_MISTAKES = [
-    ("when value is None it defaults to key (which itself defaults to query), not to query",
-     dict(value_default="query")),
-]
-MHSA_MISTAKES = [
-    ("the fused projection is read as (B, N, H, 3, d_h): its output is laid out (B, N, 3, H, d_h) "
-     "(all queries, then all keys, then all values, as in nn.MultiheadAttention's in_proj_weight)",
-     dict(layout="h3d")),
-    ("the fused projection is read as (B, N, 3, d_h, H): its output is laid out (B, N, 3, H, d_h)",
-     dict(layout="3dh")),
-]
+def _model(**mistake):
+    return functools.partial(_mha_model, **mistake)
 
 
-def _tol(call):
-    """Looser than grading: a mistake changes values at O(1), and the executor loads float64
-    weights through a float32 module (a relative rounding of about 1e-8)."""
-    return (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-5)
+def _bool_mask(c) -> bool:
+    return c.kwargs.get("mask") is not None and c.kwargs["mask"].dtype == torch.bool
 
 
-def _matches(call, outputs, model) -> bool:
-    rtol, atol = _tol(call)
-    if model is None or len(outputs) != len(model):
-        return False
-    for a, b in zip(outputs, model):
-        if a is None or tuple(a.shape) != tuple(b.shape):
-            return False
-        if not torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol):
-            return False
-    return True
+def _has_mask(c) -> bool:
+    return c.kwargs.get("mask") is not None
 
 
-def _safe(fn, *a, **kw):
-    try:
-        with torch.no_grad():
-            return fn(*a, **kw)
-    except Exception:
-        return None
+_FULL_ROWS_NAN = ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
+                  "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
+ATTENTION_MISTAKES = (
+    Mistake("the weights are right but the output is not: merge the heads back by transposing to "
+            "(B, L, H, d_h) before flattening to (B, L, E)", _model(merge="no-transpose")),
+    Mistake("the weights are right but the output is not: merge the heads in the order (B, L, H, d_h), so "
+            "head h fills features h*d_h to (h+1)*d_h - 1", _model(merge="dh")),
+    Mistake("scores look unscaled: divide q·k by sqrt(d_h) (the per-head dimension) before the softmax",
+            _model(scale="none")),
+    Mistake("scores are divided by sqrt(embed_dim): divide by sqrt(d_h) = sqrt(embed_dim / num_heads)",
+            _model(scale="E")),
+    Mistake("scores are divided by d_h: divide by sqrt(d_h)", _model(scale="d_h^1")),
+    Mistake("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", _model(dim=-2)),
+    Mistake("the mask looks inverted: True means 'may attend' (keep), False means masked out",
+            _model(invert=True), when=_bool_mask),
+    Mistake("a fully masked row should give zero weights and a zero output, not a uniform average "
+            "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"), when=_bool_mask),
+    Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_has_mask),
+    Mistake("out_proj is missing: the merged heads go through out_proj", _model(out_proj=False)),
+)
+MHA_MISTAKES = ATTENTION_MISTAKES + (
+    Mistake("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "
+            "num_heads), so that head h holds features h*d_h to (h+1)*d_h - 1", _model(split="dh", merge="hd")),
+    Mistake("the heads are split and merged in the wrong order: use (..., L, num_heads, d_h), not "
+            "(..., L, d_h, num_heads), in both split and merge", _model(split="dh")),
+    Mistake("the heads are made by reshaping straight to (..., H, L, d_h), which mixes positions: reshape to "
+            "(..., L, H, d_h) and then transpose L and H", _model(split="no-transpose", merge="hd")),
+    Mistake("when value is None it defaults to key (which itself defaults to query), not to query",
+            _model(value_default="query"), when=lambda c: len(c.args) < 3),
+)
+MHSA_MISTAKES = ATTENTION_MISTAKES + (
+    Mistake("the fused projection is read as (B, N, H, 3, d_h): its output is laid out (B, N, 3, H, d_h) "
+            "(all queries, then all keys, then all values, as in nn.MultiheadAttention's in_proj_weight)",
+            _model(layout="h3d")),
+    Mistake("the fused projection is read as (B, N, 3, d_h, H): its output is laid out (B, N, 3, H, d_h)",
+            _model(layout="3dh")),
+)
 
 
-def _one_match(call, student, expected, model_fn, mistakes) -> str | None:
-    """The hint of the single mistake model that reproduces the student, if exactly one does."""
-    if not _matches(call, expected.outputs, _safe(model_fn, call)):
-        return None  # the mistake-free model does not reproduce the reference here: say nothing
-    found = []
-    for text, kw in mistakes:
-        model = _safe(model_fn, call, **kw)
-        if _matches(call, student.outputs, model) and not _matches(call, expected.outputs, model):
-            found.append(text)
-    return found[0] if len(set(found)) == 1 else None
+def _split_model(order="hd"):
+    return lambda c: _split(c.args[0].double(), c.args[1], order)
 
 
-def _split_hint(call, student, expected):
-    x, H = call.args[0].double(), call.args[1]
-    models = [("the heads are split in the wrong order: reshape to (..., L, num_heads, D // num_heads) "
-               "(head h holds features h*d_h to (h+1)*d_h - 1), then transpose L and num_heads", "dh"),
-              ("reshaping straight to (..., num_heads, L, d_h) mixes positions: reshape to "
-               "(..., L, num_heads, d_h), then transpose the L and num_heads axes", "no-transpose")]
-    return _one_match(call, student, expected, lambda c, order="hd": [_split(x, H, order)],
-                      [(t, {"order": o}) for t, o in models])
+def _merge_model(order="hd"):
+    return lambda c: _merge(c.args[0].double(), order)
 
 
-def _merge_hint(call, student, expected):
-    x = call.args[0].double()
-    models = [("the heads are merged without transposing back: transpose (..., H, L, d_h) to "
-               "(..., L, H, d_h), then flatten the last two axes", "no-transpose"),
-              ("the heads are merged in the wrong order: transpose to (..., L, H, d_h) (not "
-               "(..., L, d_h, H)) before flattening, so head h fills features h*d_h onwards", "dh")]
-    return _one_match(call, student, expected, lambda c, order="hd": [_merge(x, order)],
-                      [(t, {"order": o}) for t, o in models])
-
-
-MHSA_OWN_MISTAKES = MHSA_MISTAKES + [(t, kw) for t, kw in MHA_MISTAKES if "split" not in kw]
-
-
-def hint(call, student, expected, mismatch):
+def _mha_explain(call, student, expected, mismatch):
     if call.expect_error == "ValueError":
         return "raise ValueError in __init__ when embed_dim % num_heads != 0"
-    if mismatch.aspect == "params" and call.exercise == "MultiHeadSelfAttention":
-        if any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
-            return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
-        return None
-    if mismatch.aspect == "nonfinite":
-        return _nan_rows_hint(student, expected)
-    if mismatch.aspect != "values":
-        return None
-    if call.exercise == "split_heads":
-        return _split_hint(call, student, expected)
-    if call.exercise == "merge_heads":
-        return _merge_hint(call, student, expected)
-    if call.exercise == "MultiHeadAttention":
-        mistakes = MHA_MISTAKES + (MHA_DEFAULT_MISTAKES if len(call.args) < 3 else [])
-        found = _one_match(call, student, expected, _mha_model, mistakes)
-        if found is None and is_dropout_probe(call) and not call.train and _dropped_in_eval(call, student, expected):
-            return ("dropout acts in eval mode too: use F.dropout(weights, p, training=self.training) "
-                    "or an nn.Dropout layer (module.eval() turns it off)")
-        return found
-    if call.exercise == "MultiHeadSelfAttention":
-        return _one_match(call, student, expected, _mha_model, MHSA_OWN_MISTAKES)
+    if is_dropout_probe(call) and not call.train and mismatch.aspect == "values" \
+            and _dropped_in_eval(call, student, expected):
+        return ("dropout acts in eval mode too: use F.dropout(weights, p, training=self.training) "
+                "or an nn.Dropout layer (module.eval() turns it off)")
     return None
 
 
-def _nan_rows_hint(student, expected):
-    """NaN exactly where the reference has fully masked query rows (all-zero weights)."""
-    if len(student.outputs) < 2 or len(expected.outputs) < 2 or student.outputs[1] is None:
-        return None
-    w_s, w_e = student.outputs[1], expected.outputs[1]
-    if w_s.shape != w_e.shape:
-        return None
-    dead = (w_e == 0).all(-1)                      # (B, H, L_q)
-    nan_rows = torch.isnan(w_s).any(-1)
-    if dead.any() and nan_rows.any() and not (nan_rows & ~dead).any():
-        return ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
-                "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
+def _mhsa_explain(call, student, expected, mismatch):
+    if mismatch.aspect == "params" and any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
+        return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
     return None
+
+
+HINTS = {
+    "split_heads": Hints((
+        Mistake("the heads are split in the wrong order: reshape to (..., L, num_heads, D // num_heads) "
+                "(head h holds features h*d_h to (h+1)*d_h - 1), then transpose L and num_heads", _split_model("dh")),
+        Mistake("reshaping straight to (..., num_heads, L, d_h) mixes positions: reshape to "
+                "(..., L, num_heads, d_h), then transpose the L and num_heads axes", _split_model("no-transpose")),
+    ), correct=_split_model()),
+    "merge_heads": Hints((
+        Mistake("the heads are merged without transposing back: transpose (..., H, L, d_h) to "
+                "(..., L, H, d_h), then flatten the last two axes", _merge_model("no-transpose")),
+        Mistake("the heads are merged in the wrong order: transpose to (..., L, H, d_h) (not "
+                "(..., L, d_h, H)) before flattening, so head h fills features h*d_h onwards", _merge_model("dh")),
+    ), correct=_merge_model()),
+    "MultiHeadAttention": Hints(MHA_MISTAKES, correct=_mha_model, explain=_mha_explain),
+    "MultiHeadSelfAttention": Hints(MHSA_MISTAKES, correct=_mha_model, explain=_mhsa_explain),
+}
 
 
 def _dropped_in_eval(call, student, expected) -> bool:
