@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .calls import Call, Outcome
+from .calls import Call, ErrorKind, Outcome
 from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
@@ -133,11 +133,53 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(eq.all())
 
 
+class TorchState:
+    """Torch's global settings as a fresh process has them, for the duration of one call, and
+    the caller's own restored afterwards: grad mode on (and inference mode off), default dtype
+    float32, no default device, anomaly detection off, deterministic algorithms off, float32
+    matmul precision "highest". So a notebook's global state (a last cell
+    `torch.set_grad_enabled(False)`, `torch.set_default_dtype(torch.float64)`, ...) changes no
+    score, and the self-check leaves the student's kernel as it found it."""
+
+    def __enter__(self):
+        self.saved = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_default_device(),
+                      torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled(),
+                      torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(),
+                      torch.get_float32_matmul_precision())
+        self.inference = torch.inference_mode(False)
+        self.inference.__enter__()
+        torch.set_grad_enabled(True)
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)
+        torch.set_anomaly_enabled(False)
+        torch.use_deterministic_algorithms(False)
+        torch.set_float32_matmul_precision("highest")
+        return self
+
+    def __exit__(self, *exc):
+        grad, dtype, device, anomaly, anomaly_nan, deterministic, warn_only, precision = self.saved
+        torch.set_float32_matmul_precision(precision)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_anomaly_enabled(anomaly, anomaly_nan)
+        torch.set_default_device(None if device == torch.device("cpu") else device)
+        torch.set_default_dtype(dtype)
+        self.inference.__exit__(*exc)
+        torch.set_grad_enabled(grad)
+        return False
+
+
 def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
-    """Run `call` against the objects in `namespace`; never raises (except `reraise` types)."""
+    """Run `call` against the objects in `namespace` with torch's global state reset
+    (`TorchState`); never raises (except `reraise` types)."""
     target = namespace.get(call.target)
     if target is None:
-        return Outcome.failure("Missing", f"`{call.target}` is not defined in the notebook.")
+        return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
+    with TorchState():
+        return _execute(target, call, reraise)
+
+
+def _execute(target, call: Call, reraise: tuple) -> Outcome:
     dtype = getattr(torch, call.dtype)
     device = call.device
     start = time.perf_counter()
