@@ -58,9 +58,9 @@ def write_fixtures(path: Path = DATA) -> None:
     wire.save(build_fixtures(), path)
 
 
-def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object]]:
-    """(call, mismatch or None) for each quick case up to the first failure, then the first
-    case on the meta device; judged by the grader's own rule (`grading.judge`)."""
+def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
+    """(call, mismatch or None, note) for each quick case up to the first failure, then the
+    first case on the meta device; judged by the grader's own rule (`grading.judge`)."""
     from .grading import forbidden_message, judge, variants
 
     ex = CHAPTERS[chapter].exercise(exercise)
@@ -73,14 +73,14 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object]]:
         m = verdict.mismatch
         if m is None and verdict.forbidden:
             m = Mismatch("forbidden", forbidden_message(ex, verdict.forbidden))
-        results.append((c, m))
+        results.append((c, m, verdict.note))
         if m:
             return results
     first = entries[0]
     if first["expected_meta"] is not None:
         (_, c), = variants([Call.from_plain(first["call"])], "meta")
         m = judge(ex, c, execute(namespace, c), Outcome.from_plain(first["expected_meta"])).mismatch
-        results.append((c, m))
+        results.append((c, m, ""))
     return results
 
 
@@ -88,10 +88,12 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     """Run the quick checks of one exercise; print a summary, and on failure raise
     SelfCheckFailed with the diagnosis (or, with raise_on_failure=False, print it and return False)."""
     results = run_checks(chapter, exercise, obj)
-    failed = [(c, m) for c, m in results if m]
+    failed = [(c, m) for c, m, _ in results if m]
     if not failed:
         print(f"✓ {exercise}: {len(results)} quick checks passed "
               "(shapes, values, gradients, masks, device portability). The autograder runs more cases.")
+        for note in sorted({n for _, _, n in results if n}):
+            print(f"  note: {note}")
         return True
     c, m = failed[0]
     device = " on the meta device (device-portability check)" if c.device == "meta" else ""
