@@ -154,6 +154,12 @@ BUGGY = [
                 return super().forward(x, mask=mask)
         """, "fused qkv_proj"),
     ("mhsa-no-scale", "MultiHeadSelfAttention", MHSA.replace(" / math.sqrt(self.d)", ""), "unscaled"),
+    ("mha-bias-false-ignored", "MultiHeadAttention", MHA.replace("bias=bias", "bias=True"), "bias=False"),
+    ("mhsa-bias-false-ignored", "MultiHeadSelfAttention", MHSA.replace("bias=bias", "bias=True"), "bias=False"),
+    ("mha-assert-not-value-error", "MultiHeadAttention",
+     patch(MHA, "check", "assert embed_dim % num_heads == 0\nif False:"), "raise ValueError"),
+    ("mha-float-mask-ignored", "MultiHeadAttention", MHA.replace("                s = s + mask\n", "                pass\n"),
+     None),
 ]
 
 

@@ -27,13 +27,13 @@ def _sdpa_cases(gen, quick):
         call("boolean mask (L_q, L_k) broadcast over a batch, one fully masked row",
              randn(gen, 2, 4, 8), randn(gen, 2, 5, 8), randn(gen, 2, 5, 3),
              kwargs={"mask": bool_mask(gen, 4, 5, full_rows=1)}, grad=g + ["kwargs.mask"]),
+        call("additive float mask (0 / -inf plus a bias), batch (2,)",
+             randn(gen, 2, 3, 4), randn(gen, 2, 6, 4), randn(gen, 2, 6, 4),
+             kwargs={"mask": float_mask(gen, 2, 3, 6)}, grad=g + ["kwargs.mask"]),
     ]
     if quick:
         return cs
     return cs + [
-        call("additive float mask (0 / -inf plus a bias), batch (2,)",
-             randn(gen, 2, 3, 4), randn(gen, 2, 6, 4), randn(gen, 2, 6, 4),
-             kwargs={"mask": float_mask(gen, 2, 3, 6)}, grad=g + ["kwargs.mask"]),
         call("padding-style mask (B, 1, 1, L_k) against (B, H, L_q, L_k)",
              randn(gen, 2, 3, 5, 4), randn(gen, 2, 3, 5, 4), randn(gen, 2, 3, 5, 4),
              kwargs={"mask": bool_mask(gen, 2, 1, 1, 5, p=0.4, full_rows=0)}, grad=g),
@@ -54,7 +54,8 @@ def _self_attention_cases(gen, ref, quick):
     out = []
     # (name, d_model, d_k, x shape, mask shape or None, fully masked rows, dtype)
     specs = [("unbatched x (5, 6), d_k=4", 6, 4, (5, 6), None, 0, "float64"),
-             ("batch (2, 3), x (2, 3, 4, 8), d_k=5, boolean mask", 8, 5, (2, 3, 4, 8), (4, 4), 0, "float64")]
+             ("batch (2, 3), x (2, 3, 4, 8), d_k=5, boolean mask with a fully masked row", 8, 5, (2, 3, 4, 8),
+              (4, 4), 1, "float64")]
     if not quick:
         specs += [("batch (3,), x (3, 7, 6), d_k=6, mask with a fully masked row", 6, 6, (3, 7, 6), (3, 7, 7),
                    1, "float64"),

@@ -101,6 +101,8 @@ def _mha_call(name, gen, cls, *, E, H, B=2, Lq=5, Lk=None, inputs="self", bias=T
 
 def _mha_cases(gen, ref, quick):
     cls = ref["MultiHeadAttention"]
+    # The quick cases (the self-check's) cover every rule the exercise states: fully masked rows,
+    # bool and float masks, key/value defaults, bias=False, the ValueError, dropout off in eval mode.
     cs = [
         _mha_call("self-attention (query only), B=2, L=5, E=12, 3 heads, bool mask (L, L) with a "
                   "fully masked row", gen, cls, E=12, H=3, Lq=5, mask=bool_mask(gen, 5, 5, full_rows=1)),
@@ -109,15 +111,20 @@ def _mha_cases(gen, ref, quick):
                   mask=bool_mask(gen, 2, 1, 1, 6, p=0.4, full_rows=0)),
         _mha_call("cross-attention with key only (value defaults to key), L_q = L_k = 6, E=12, 4 heads",
                   gen, cls, E=12, H=4, Lq=6, Lk=6, inputs="key"),
+        _mha_call("additive float mask (B, H, L_q, L_k) with a fully masked (-inf) row, L_q=3, L_k=5",
+                  gen, cls, E=6, H=2, Lq=3, Lk=5, inputs="kv",
+                  mask=float_mask(gen, 2, 2, 3, 5, full_rows=1)),
+        _mha_call("bias=False, cross-attention, L_q=6, L_k=2", gen, cls, E=8, H=2, Lq=6, Lk=2,
+                  inputs="kv", bias=False),
+        call("embed_dim=10, num_heads=4 must raise ValueError", randn(gen, 2, 3, 10),
+             init={"embed_dim": 10, "num_heads": 4}, expect_error="ValueError"),
+        _dropout_probe(gen, cls, train=False),
     ]
     if quick:
         return cs
     return cs + [
         _mha_call("cross-attention with key only, L_q=4 != L_k=7, E=10, 2 heads", gen, cls, E=10, H=2,
                   Lq=4, Lk=7, inputs="key"),
-        _mha_call("additive float mask (B, H, L_q, L_k) with a fully masked (-inf) row, L_q=3, L_k=5",
-                  gen, cls, E=6, H=2, Lq=3, Lk=5, inputs="kv",
-                  mask=float_mask(gen, 2, 2, 3, 5, full_rows=1)),
         _mha_call("bool mask (B, H, L_q, L_k) with several fully masked rows, B=3, 3 heads",
                   gen, cls, E=9, H=3, B=3, Lq=4, Lk=6, inputs="kv",
                   mask=bool_mask(gen, 3, 3, 4, 6, p=0.4, full_rows=3)),
@@ -126,15 +133,10 @@ def _mha_cases(gen, ref, quick):
                   mask=bool_mask(gen, 2, 1, 1, 4, p=0.3, full_rows=1)),
         _mha_call("float mask (L_q, L_k), self-attention, B=3", gen, cls, E=10, H=5, B=3, Lq=4,
                   mask=float_mask(gen, 4, 4)),
-        _mha_call("bias=False, cross-attention, L_q=6, L_k=2", gen, cls, E=8, H=2, Lq=6, Lk=2,
-                  inputs="kv", bias=False),
         _mha_call("one head, E=5 (odd), L_q=1", gen, cls, E=5, H=1, Lq=1, Lk=3, inputs="kv"),
         _mha_call("E=6, 6 heads (d_h=1), B=1", gen, cls, E=6, H=6, B=1, Lq=4, Lk=5, inputs="kv"),
         _mha_call("large inputs (scaled by 30): the softmax must stay finite", gen, cls, E=8, H=2, Lq=4,
                   mask=bool_mask(gen, 4, 4, full_rows=0), scale=30.0),
-        call("embed_dim=10, num_heads=4 must raise ValueError", randn(gen, 2, 3, 10),
-             init={"embed_dim": 10, "num_heads": 4}, expect_error="ValueError"),
-        _dropout_probe(gen, cls, train=False),
         _mha_call("dropout=0.0 in training mode: same as eval", gen, cls, E=8, H=4, Lq=5, Lk=3,
                   inputs="kv", dropout=0.0, train=True),
         _mha_call("float32, cross-attention, bool mask (B, 1, 1, L_k)", gen, cls, E=12, H=3, Lq=4,
@@ -184,14 +186,14 @@ def _mhsa_cases(gen, ref, quick):
         _mhsa_call("B=2, N=5, E=12, 3 heads (d_h=4 != H), bool mask (N, N) with a fully masked row",
                    gen, cls, E=12, H=3, mask=bool_mask(gen, 5, 5, full_rows=1)),
         _mhsa_call("no mask, B=3, N=4, E=8, 2 heads", gen, cls, E=8, H=2, B=3, N=4),
+        _mhsa_call("bias=False, additive float mask (B, H, N, N)", gen, cls, E=8, H=4, N=3, bias=False,
+                   mask=float_mask(gen, 2, 4, 3, 3)),
     ]
     if quick:
         return cs
     return cs + [
         _mhsa_call("bias=False, padding mask (B, 1, 1, N)", gen, cls, E=10, H=2, N=6, bias=False,
                    mask=bool_mask(gen, 2, 1, 1, 6, p=0.4, full_rows=0)),
-        _mhsa_call("additive float mask (B, H, N, N)", gen, cls, E=8, H=4, N=3,
-                   mask=float_mask(gen, 2, 4, 3, 3)),
         _mhsa_call("one head, E=5 (odd), N=1", gen, cls, E=5, H=1, N=1),
         _mhsa_call("float32, E=12, 4 heads", gen, cls, E=12, H=4, N=5,
                    mask=bool_mask(gen, 5, 5, full_rows=0), dtype="float32"),
@@ -437,7 +439,16 @@ def _merge_model(order="hd"):
     return lambda c: _merge(c.args[0].double(), order)
 
 
+def _bias_explain(call, student, mismatch):
+    if (mismatch.aspect == "params" and call.init and call.init.get("bias") is False
+            and any(name.endswith(".bias") for name in student.params or {})):
+        return "with bias=False no layer has a bias: pass bias=bias to every nn.Linear"
+    return None
+
+
 def _mha_explain(call, student, expected, mismatch):
+    if _bias_explain(call, student, mismatch):
+        return _bias_explain(call, student, mismatch)
     if call.expect_error == "ValueError":
         return "raise ValueError in __init__ when embed_dim % num_heads != 0"
     if is_dropout_probe(call) and not call.train and mismatch.aspect == "values" \
@@ -448,6 +459,8 @@ def _mha_explain(call, student, expected, mismatch):
 
 
 def _mhsa_explain(call, student, expected, mismatch):
+    if _bias_explain(call, student, mismatch):
+        return _bias_explain(call, student, mismatch)
     if mismatch.aspect == "params" and any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
         return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
     return None

@@ -59,12 +59,12 @@ def _sinusoidal_module_cases(gen, quick):
              init={"d_model": 8, "max_len": 20}, **f32),
         call("L > max_len raises ValueError (x (1, 11, 4), max_len=10)", randn(gen, 1, 11, 4),
              init={"d_model": 4, "max_len": 10}, expect_error="ValueError"),
+        call("L == max_len works (x (3, 16, 6), max_len=16)", randn(gen, 3, 16, 6),
+             init={"d_model": 6, "max_len": 16}, **f32),
     ]
     if quick:
         return cs
     return cs + [
-        call("L == max_len works (x (3, 16, 6), max_len=16)", randn(gen, 3, 16, 6),
-             init={"d_model": 6, "max_len": 16}, **f32),
         call("default max_len, d_model=12, x (1, 7, 12)", randn(gen, 1, 7, 12),
              init={"d_model": 12}, **f32),
         call("d_model=16, max_len=40, x (4, 1, 16) (L = 1)", randn(gen, 4, 1, 16),
@@ -90,11 +90,11 @@ def _learned_cases(gen, ref, quick):
         case("max_len=10, d_model=6, x (2, 7, 6)", 10, 6, (2, 7, 6)),
         case("L > max_len raises ValueError (x (2, 9, 4), max_len=8)", 8, 4, (2, 9, 4),
              expect_error="ValueError", grad=[]),
+        case("L == max_len works (x (1, 10, 4), max_len=10)", 10, 4, (1, 10, 4)),
     ]
     if quick:
         return cs
     return cs + [
-        case("L == max_len works (x (1, 10, 4), max_len=10)", 10, 4, (1, 10, 4)),
         case("x (3, 1, 5) (L = 1), max_len=12", 12, 5, (3, 1, 5)),
         case("max_len=50, d_model=16, x (4, 13, 16)", 50, 16, (4, 13, 16)),
         case("float32 keeps float32, x (2, 6, 8)", 20, 8, (2, 6, 8), dtype="float32"),

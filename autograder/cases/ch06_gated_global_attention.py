@@ -113,6 +113,12 @@ def _forward_cases(gen, cls, quick):
         _forward_call("global gated attention along the columns (attn_dim=-3), x (B=2, S=5, R=3, c_in=6), "
                       "4 heads x c=2, attention_mask (B, R, S)", gen, cls, c_in=6, c=2, N_head=4, attn_dim=-3,
                       x_shape=(2, 5, 3), gated=True, is_global=True, mask=_mask(gen, 2, 3, 5)),
+        _forward_call("attention_mask (B, S, R) with fully masked rows: zero weights", gen, cls, c_in=6, c=4,
+                      N_head=2, attn_dim=-2, x_shape=(2, 3, 5), gated=True,
+                      mask=_mask(gen, 2, 3, 5, dead=2)),
+        _forward_call("column attention with N_seq = N_res = 4: boolean attention_mask (B, R, S), its "
+                      "attention axis last", gen, cls, c_in=5, c=3, N_head=2, attn_dim=-3, x_shape=(2, 4, 4),
+                      mask=_mask(gen, 2, 4, 4, p=0.5, as_bool=True)),
     ]
     if quick:
         return cs
@@ -125,9 +131,6 @@ def _forward_cases(gen, cls, quick):
                       c=2, N_head=3, attn_dim=-2, x_shape=(3, 3, 4), bias_shape=(3, 3, 4, 4)),
         _forward_call("extra batch axes: x (2, 2, S=3, R=4, c_in=5), bias (2, N_head, R, R)", gen, cls,
                       c_in=5, c=3, N_head=2, attn_dim=-2, x_shape=(2, 2, 3, 4), bias_shape=(2, 2, 4, 4)),
-        _forward_call("attention_mask (B, S, R) with fully masked rows: zero weights", gen, cls, c_in=6, c=4,
-                      N_head=2, attn_dim=-2, x_shape=(2, 3, 5), gated=True,
-                      mask=_mask(gen, 2, 3, 5, dead=2)),
         _forward_call("boolean attention_mask (B, S, R) and pair bias", gen, cls, c_in=6, c=3, N_head=3,
                       attn_dim=-2, x_shape=(2, 3, 4), bias_shape=(2, 3, 4, 4),
                       mask=_mask(gen, 2, 3, 4, as_bool=True)),
@@ -212,6 +215,8 @@ def _forward(call, scale="c", gate="sigmoid", bias_align="left", mask_on="keys",
         m = mask != 0
         if mask_on == "inverted":
             m = ~m
+        if mask_on == "transposed":  # laid out like x, (*, q, k) with the two axes swapped
+            m = m.transpose(-1, -2)
         m = m[..., None, :, None] if mask_on == "queries" else m[..., None, None, :]
         if fill == "offset":  # the worksheet's -1e8 offset: a fully masked row stays a softmax
             s = s + (~m) * -1e8
@@ -271,6 +276,12 @@ GLOBAL_MISTAKES = [
 _MASK_ON_QUERIES = ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, "
                     "None, :] lines it up with the last (k) axis of the (*, N_head, q, k) scores")
 _MASKED = _given("attention_mask")
+
+
+def _square(mask) -> bool:
+    """Where a mask in x's layout would broadcast silently (N_seq = N_res); elsewhere it fails
+    loudly, as other mistakes do."""
+    return mask.dim() >= 2 and mask.shape[-1] == mask.shape[-2]
 FORWARD_MISTAKES = [
     ("scores are divided by sqrt(c * N_head): divide the queries by sqrt(c), the channels per head",
      dict(scale="cN"), None),
@@ -285,6 +296,9 @@ FORWARD_MISTAKES = [
     (_MASK_ON_QUERIES, dict(mask_on="queries", fill="offset"), _MASKED),
     ("the attention_mask looks inverted: keys where it is 0 get no weight, keys where it is 1 are kept",
      dict(mask_on="inverted"), _MASKED),
+    ("the attention_mask is read in the wrong layout: it is (*, k), with the attention axis last "
+     "(for column attention (B, N_res, N_seq)); do not move its axes like x's",
+     dict(mask_on="transposed"), lambda c: _MASKED(c) and _square(c.kwargs["attention_mask"])),
     ("a query whose keys are all masked should get zero weights (so its output is linear_o's bias), "
      "not a softmax over masked keys: the -1e8 offset leaves such rows unchanged; use -inf and zero "
      "the fully masked rows after the softmax", dict(fill="offset"), _MASKED),
