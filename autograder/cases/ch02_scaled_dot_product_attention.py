@@ -7,6 +7,7 @@ import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
+from .models import bool_given, softmax_weights
 
 
 def cases(exercise, gen, ref, quick):
@@ -84,11 +85,7 @@ def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero"):
             s = s.masked_fill(~keep, -1e9 if fill == "uniform" else float("-inf"))
         else:
             s = s + mask.double()
-    if fill == "zero":
-        dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
-        w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
-    else:
-        w = torch.softmax(s, dim=dim)
+    w = softmax_weights(s, dim, "zero" if fill == "zero" else "softmax")
     return [w @ v, w]
 
 
@@ -96,8 +93,7 @@ def _weights(**mistake):
     return lambda c: [None, attend(c, **mistake)[1]]
 
 
-def _bool_mask(c) -> bool:
-    return c.kwargs.get("mask") is not None and c.kwargs["mask"].dtype == torch.bool
+_bool_mask = bool_given("mask")
 
 
 def _fully_masked(c) -> bool:

@@ -25,6 +25,7 @@ from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
+from .models import bool_given, given, linear, softmax_weights
 
 DROPOUT_P = 0.5
 
@@ -302,12 +303,6 @@ def _dropout_violation(call, outcome, w_eval) -> Mismatch | None:
 # ----------------------------------------------------------------------------- hints
 # Plain-torch mistake models (see autograder.cases.Mistake): each recomputes the call with one
 # named mistake.
-def _linear(x, st, name):
-    y = x @ st[f"{name}.weight"].T
-    b = st.get(f"{name}.bias")
-    return y if b is None else y + b
-
-
 def _split(x, H, order="hd"):
     *lead, L, D = x.shape
     if order == "hd":
@@ -341,11 +336,7 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
             s = s.masked_fill(~keep, -1e9 if full_rows == "uniform" else float("-inf"))
         else:
             s = s + mask
-    if full_rows != "zero":  # "nan": a plain softmax; "uniform": -1e9 left a softmax over all keys
-        w = torch.softmax(s, dim=dim)
-    else:
-        dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
-        w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
+    w = softmax_weights(s, dim, "zero" if full_rows == "zero" else "softmax")  # "nan", "uniform" (-1e9)
     return w @ v, w
 
 
@@ -361,7 +352,7 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
     if call.exercise == "MultiHeadSelfAttention":
         x = args[0]
         B, N, E = x.shape
-        qkv = _linear(x, st, "qkv_proj")
+        qkv = linear(x, st, "qkv_proj")
         if layout == "3hd":
             q, k, v = qkv.view(B, N, 3, H, E // H).permute(2, 0, 3, 1, 4)
         elif layout == "h3d":
@@ -372,25 +363,19 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
         query = args[0]
         key = args[1] if len(args) > 1 else query
         value = args[2] if len(args) > 2 else {"key": key, "query": query}[value_default]
-        q = _split(_linear(query, st, "q_proj"), H, split)
-        k = _split(_linear(key, st, "k_proj"), H, split)
-        v = _split(_linear(value, st, "v_proj"), H, split)
+        q = _split(linear(query, st, "q_proj"), H, split)
+        k = _split(linear(key, st, "k_proj"), H, split)
+        v = _split(linear(value, st, "v_proj"), H, split)
     o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows)
     o = _merge(o, merge)
-    return [_linear(o, st, "out_proj") if out_proj else o, w]
+    return [linear(o, st, "out_proj") if out_proj else o, w]
 
 
 def _model(**mistake):
     return functools.partial(_mha_model, **mistake)
 
 
-def _bool_mask(c) -> bool:
-    return c.kwargs.get("mask") is not None and c.kwargs["mask"].dtype == torch.bool
-
-
-def _has_mask(c) -> bool:
-    return c.kwargs.get("mask") is not None
-
+_bool_mask, _has_mask = bool_given("mask"), given("mask")
 
 _FULL_ROWS_NAN = ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
                   "zero weights (masked_fill after the softmax), so their output is out_proj's bias")

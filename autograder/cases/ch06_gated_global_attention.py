@@ -17,6 +17,7 @@ import torch
 
 from ..inputs import distinct_state, randn
 from . import Hints, Mistake, call
+from .models import given, linear, softmax_weights
 
 
 def cases(exercise, gen, ref, quick):
@@ -155,12 +156,6 @@ def _forward_cases(gen, cls, quick):
 # ----------------------------------------------------------------------------- hints
 # Plain-torch mistake models (see autograder.cases.Mistake): each recomputes the call with one
 # named mistake.
-def _linear(x, st, name):
-    y = x @ st[f"{name}.weight"].T
-    b = st.get(f"{name}.bias")
-    return y if b is None else y + b
-
-
 def _heads(t, ad, H, c, order="hc", move=True):
     """(*, L, *, H*c) -> (*, H, L, c)."""
     if move:
@@ -196,7 +191,7 @@ def _forward(call, scale="c", gate="sigmoid", bias_align="left", mask_on="keys",
     ad = init["attn_dim"] if attn_dim is None else attn_dim
     x = call.args[0].double()
     bias, mask = call.kwargs.get("bias"), call.kwargs.get("attention_mask")
-    q, k, v = _linear(x, st, "linear_q"), _linear(x, st, "linear_k"), _linear(x, st, "linear_v")
+    q, k, v = linear(x, st, "linear_q"), linear(x, st, "linear_k"), linear(x, st, "linear_v")
     q = _heads(q, ad, H, c)
     if init.get("is_global"):
         k, v = k.movedim(ad, -2).unsqueeze(-3), v.movedim(ad, -2).unsqueeze(-3)
@@ -222,32 +217,24 @@ def _forward(call, scale="c", gate="sigmoid", bias_align="left", mask_on="keys",
             s = s + (~m) * -1e8
         else:
             s = s.masked_fill(~m, float("-inf"))
-    if fill == "nan":  # a plain softmax: NaN for a query whose keys are all masked
-        w = torch.softmax(s, dim=dim)
-    else:
-        dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
-        w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
+    w = softmax_weights(s, dim, "softmax" if fill == "nan" else "zero")  # "nan": a plain softmax
     o = w @ v
     if init.get("is_global") and global_mean == "outputs":
         o = o.mean(-2, keepdim=True)
     o = o.transpose(-3, -2).flatten(-2).movedim(-2, ad)
     if init.get("gated"):
-        g = _linear(x, st, "linear_g")
+        g = linear(x, st, "linear_g")
         if gate == "sigmoid":
             o = torch.sigmoid(g) * o
         elif gate == "no-sigmoid":
             o = g * o
         elif gate == "after":
-            return [torch.sigmoid(g) * _linear(o, st, "linear_o")]
-    return [_linear(o, st, "linear_o")]
+            return [torch.sigmoid(g) * linear(o, st, "linear_o")]
+    return [linear(o, st, "linear_o")]
 
 
 def _mistakes(model, table):
     return tuple(Mistake(text, functools.partial(model, **kw), when) for text, kw, when in table)
-
-
-def _given(name):
-    return lambda c: c.kwargs.get(name) is not None
 
 
 def _init(name):
@@ -275,7 +262,7 @@ GLOBAL_MISTAKES = [
 ]
 _MASK_ON_QUERIES = ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, "
                     "None, :] lines it up with the last (k) axis of the (*, N_head, q, k) scores")
-_MASKED = _given("attention_mask")
+_MASKED = given("attention_mask")
 
 
 def _square(mask) -> bool:
@@ -291,7 +278,7 @@ FORWARD_MISTAKES = [
      "channels, and back after the heads are merged", dict(attn_dim=-2), None),
     ("the pair bias is broadcast from the right: its leading axes are the leading batch axes of the "
      "scores, so insert singleton axes after them (bias.view(*bias.shape[:-3], 1, ..., 1, "
-     "*bias.shape[-3:]))", dict(bias_align="right"), _given("bias")),
+     "*bias.shape[-3:]))", dict(bias_align="right"), given("bias")),
     (_MASK_ON_QUERIES, dict(mask_on="queries"), _MASKED),
     (_MASK_ON_QUERIES, dict(mask_on="queries", fill="offset"), _MASKED),
     ("the attention_mask looks inverted: keys where it is 0 get no weight, keys where it is 1 are kept",
