@@ -10,8 +10,8 @@ layer shows.
 Dropout in training mode with p > 0 cannot be compared value for value (the student's random
 stream need not match the reference's), so `dropout_properties` checks what must hold whatever
 the stream: each weight is either dropped (0) or kept and scaled by 1/(1-p), about p of them are
-dropped, and the output is the one those very weights give. It is used by `compare` below, which
-the framework calls for this chapter when it supports chapter comparisons (see `compare`).
+dropped, and the output is the one those very weights give. The chapter's `compare` (which
+`autograder.cases.compare` calls in place of the generic one) applies it.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def is_dropout_train(call) -> bool:
 def compare(call, student, expected):
     """This chapter's comparison: value for value, except training-mode dropout with p > 0.
 
-    Meant to be called by the grader in place of `autograder.compare.compare` on CPU and CUDA
+    `autograder.cases.compare` calls it in place of `autograder.compare.compare` on CPU and CUDA
     (the meta-device run skips training-mode calls).
     """
     if is_dropout_train(call):
@@ -237,7 +237,7 @@ def _revealed(call, output):
 
 
 def dropout_properties(call, student, expected) -> Mismatch | None:
-    """Grade a training-mode dropout probe (see `_dropout_train_call`) by what holds whatever the
+    """Grade a training-mode dropout probe (see `_dropout_probe`) by what holds whatever the
     random stream, with W the weights before dropout (what the reference returns):
 
     (1) names, shapes, dtypes and devices as the reference's; (2) the returned weights are W
