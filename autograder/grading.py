@@ -7,8 +7,9 @@ are made in the trusted process.
 Scoring: each exercise's points are split between a CPU test (80%) and a device-portability
 test (20%): on CUDA (float32, float16 and bfloat16) where `torch.cuda.is_available()`, else on
 the `meta` device (shapes, dtypes and devices only, which catches tensors created on a fixed
-device). Within a test, credit is the fraction of cases passed. Use of a forbidden built-in
-anywhere in an exercise zeroes the exercise.
+device). Within a test, credit is the fraction of cases passed; a portability case counts only
+where the same case passes on the CPU. Use of a forbidden built-in anywhere in an exercise zeroes
+the exercise. Every case is judged by `judge`, which the self-check and nbgrader use too.
 """
 from __future__ import annotations
 
