@@ -2,7 +2,7 @@
 on the exercise they touch only and the hint names the mistake (unscaled scores, softmax over the
 wrong axis, inverted mask, -1e9 instead of zeroed fully masked rows, ...); equivalent
 formulations score full marks; PyTorch's ready-made attention scores zero.
-What every chapter shares is in test_grading_common.py."""
+What every chapter shares is in test_grading.py."""
 import functools
 
 import pytest

@@ -2,7 +2,7 @@
 exercise they touch only, hints name the mistake, equivalent formulations score full marks,
 PyTorch's ready-made attention scores zero, training-mode dropout is graded by properties that
 hold whatever the random stream.
-What every chapter shares is in test_grading_common.py."""
+What every chapter shares is in test_grading.py."""
 import dataclasses
 import functools
 import textwrap

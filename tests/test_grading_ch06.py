@@ -1,7 +1,7 @@
 """Chapter 6 grading (the AlphaFold-style module): the reference scores full marks, realistic
 mistakes lose credit on the exercise they touch only, hints name the mistake, equivalent
 formulations score full marks, PyTorch's ready-made attention scores zero.
-What every chapter shares is in test_grading_common.py."""
+What every chapter shares is in test_grading.py."""
 import functools
 import textwrap
 
