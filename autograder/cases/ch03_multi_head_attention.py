@@ -24,7 +24,7 @@ import torch
 from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import Hints, Mistake, call
+from . import Hints, Mistake, call, hint_tolerance
 from .models import bool_given, given, linear, softmax_weights
 
 DROPOUT_P = 0.5
@@ -475,6 +475,7 @@ def _dropped_in_eval(call, student, expected) -> bool:
         return False
     used, _ = _revealed(call, student.outputs[0])
     w_e = expected.outputs[1].double()
-    dropped = used.abs() <= 1e-5
-    kept = torch.isclose(used, w_e / (1 - _dropout_p(call)), rtol=1e-4, atol=1e-5)
+    rtol, atol = hint_tolerance(call.dtype)
+    dropped = used.abs() <= atol
+    kept = torch.isclose(used, w_e / (1 - _dropout_p(call)), rtol=rtol, atol=atol)
     return bool((dropped | kept).all() and dropped[w_e > 1e-6].any())
