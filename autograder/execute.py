@@ -7,6 +7,7 @@ same way. Nothing here compares or scores: that happens in the trusted grader pr
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from typing import Any
@@ -139,9 +140,16 @@ class TorchState:
     float32, no default device, anomaly detection off, deterministic algorithms off, float32
     matmul precision "highest". So a notebook's global state (a last cell
     `torch.set_grad_enabled(False)`, `torch.set_default_dtype(torch.float64)`, ...) changes no
-    score, and the self-check leaves the student's kernel as it found it."""
+    score, and the self-check leaves the student's kernel as it found it.
+
+    These settings are process-wide (grad mode aside), and the grader runs reference calls from
+    several threads (one per chapter), so calls that hold a TorchState run one at a time: a call
+    never sees another's temporary defaults (`as_default`), nor restores them."""
+
+    _lock = threading.RLock()
 
     def __enter__(self):
+        self._lock.acquire()
         self.saved = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_default_device(),
                       torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled(),
                       torch.are_deterministic_algorithms_enabled(),
@@ -153,19 +161,22 @@ class TorchState:
         torch.set_default_dtype(torch.float32)
         torch.set_default_device(None)
         torch.set_anomaly_enabled(False)
-        torch.use_deterministic_algorithms(False)
+        if self.saved[5]:  # (setting it costs about a millisecond: only when it is on)
+            torch.use_deterministic_algorithms(False)
         torch.set_float32_matmul_precision("highest")
         return self
 
     def __exit__(self, *exc):
         grad, dtype, device, anomaly, anomaly_nan, deterministic, warn_only, precision = self.saved
         torch.set_float32_matmul_precision(precision)
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if deterministic or torch.are_deterministic_algorithms_enabled():
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         torch.set_anomaly_enabled(anomaly, anomaly_nan)
         torch.set_default_device(None if device == torch.device("cpu") else device)
         torch.set_default_dtype(dtype)
         self.inference.__exit__(*exc)
         torch.set_grad_enabled(grad)
+        self._lock.release()
         return False
 
 

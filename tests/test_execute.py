@@ -68,3 +68,41 @@ def test_a_last_cell_that_disables_gradients_changes_no_score_in_the_sandboxed_g
     result = Grader(device="cpu").grade_path(path)
     (ch,) = result.chapters
     assert ch.score == ch.max_score, [(t.exercise, t.device, t.first_failure) for t in ch.tests]
+
+
+def test_calls_from_several_threads_never_see_each_others_defaults():
+    """The grader computes reference outcomes from one thread per chapter, and an `as_default`
+    call (sinusoidal_positional_encoding) changes process-wide defaults: while one call runs,
+    another must not change them under it (here A would build a float32 table in a float64
+    call), nor leave them changed."""
+    import threading
+
+    from autograder.calls import Call
+    from autograder.execute import execute
+
+    a_inside, b_inside, a_made = threading.Event(), threading.Event(), threading.Event()
+
+    def table():  # A: made with the call's defaults, while B runs if B can run at all
+        a_inside.set()
+        b_inside.wait(0.5)
+        t = torch.zeros(2)
+        a_made.set()
+        return t
+
+    def other():  # B: an ordinary call, in torch's default float32
+        b_inside.set()
+        a_made.wait(0.5)
+        return torch.zeros(2)
+
+    call_a = Call("x", "table", "a", "table", as_default=True, dtype="float64")
+    call_b = Call("x", "other", "b", "other")
+    out = {}
+    a = threading.Thread(target=lambda: out.setdefault("a", execute({"table": table}, call_a)))
+    a.start()
+    assert a_inside.wait(10)
+    b = threading.Thread(target=lambda: out.setdefault("b", execute({"other": other}, call_b)))
+    b.start()
+    a.join(10)
+    b.join(10)
+    assert out["a"].meta[0]["dtype"] == "float64" and out["b"].meta[0]["dtype"] == "float32"
+    assert torch.get_default_dtype() == torch.float32
