@@ -1,6 +1,6 @@
 """Sphinx glue for the course book (loaded from _config.yml: sphinx.local_extensions).
 
-Four small jobs:
+Five small jobs:
 
 1. The solutions switch. ``course_publish_solutions`` (a Sphinx config value, set in
    _config.yml, default True) decides whether ``solutions/*.ipynb`` are pages of the site.
@@ -24,7 +24,10 @@ Four small jobs:
    machine's paths: the self-check's own diagnosis (``SelfCheckFailed`` renders itself as its
    message in IPython) or "not implemented yet".
 
-4. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
+4. "Try it first": every reference-solution page opens with a note that sends the reader to
+   the exercise first (added here, so the solution notebooks stay code and exercise text only).
+
+5. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
    download menu only for .ipynb sources (or when Binder/Thebe launch buttons are configured,
    which this offline book does not do). For the MyST Markdown notebooks in book/ we copy the
    notebook that MyST-NB executed (``_build/jupyter_execute/<page>.ipynb``) next to the page
@@ -136,6 +139,27 @@ def shorten_tracebacks(app: Sphinx, doctree) -> None:
         node.replace_self(box)
 
 
+def add_try_it_first(app: Sphinx, doctree) -> None:
+    """Open every solution page with a note: attempt the exercise before reading the solution."""
+    docname = app.env.docname
+    if not _is_solution(docname):
+        return
+    sections = list(doctree.findall(nodes.section))
+    if not sections:
+        return
+    exercise = "../exercises/" + docname.split("/", 1)[1] + ".html"
+    note = nodes.admonition(classes=["tip", "course-try-it-first"])
+    note += nodes.title("", "Try it first")
+    para = nodes.paragraph()
+    para += nodes.Text("These are the reference solutions. You will learn much more by writing the code "
+                       "yourself first: open ")
+    para += nodes.reference("", "the exercise notebook", refuri=exercise, internal=True)
+    para += nodes.Text(", let the self-check cells and the autograder's hints guide you, and come back "
+                       "here to compare once your code passes, or when you are stuck after a real attempt.")
+    note += para
+    sections[0].insert(1, note)
+
+
 def add_notebook_download(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     """Offer the executed .ipynb of a MyST Markdown notebook page in the theme's download menu.
 
@@ -163,5 +187,6 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", apply_solutions_switch, priority=950)
     app.connect("doctree-read", apply_toc_titles, priority=900)
     app.connect("doctree-read", shorten_tracebacks)
+    app.connect("doctree-read", add_try_it_first)
     app.connect("html-page-context", add_notebook_download)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
