@@ -11,7 +11,7 @@ notebooks executed) unless ``_build/html`` is newer than every source; then it i
 - every image loads with a non-zero size;
 - every page reads right at a 1400 px wide window (``test_page_reads_right``): no display
   formula in a box that clips it vertically without room above and below, no backslash typeset
-  as a character in math (``\text{max\_len}``), no traceback shown to the reader, every raster
+  as a character in math (a TeX escape inside a text box), no traceback shown to the reader, every raster
   figure drawn with at least 1.5 pixels per shown pixel, no code block wider than the column;
 - the "next" links from the first page reach every chapter, in order, and search finds pages;
 - a screenshot of each page is saved under ``_build/screenshots/``.

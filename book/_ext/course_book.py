@@ -136,7 +136,7 @@ def shorten_tracebacks(app: Sphinx, doctree) -> None:
         block["classes"] += ["output", "course-error"]
         box = nodes.container(classes=["course-not-implemented"])
         box += block
-        node.replace_self(box)
+        node.parent.replace(node, box)  # (replace_self would copy the old node's classes)
 
 
 def add_try_it_first(app: Sphinx, doctree) -> None:
