@@ -257,6 +257,24 @@ def test_chapter_links_its_exercise_notebook(site, chapter):
         f"{chapter} offers no download of exercises/{number_name}.ipynb"
 
 
+def test_error_outputs_are_shortened_to_the_diagnosis():
+    """What the book shows of a failing cell (book/_ext/course_book.short_error): the diagnosis,
+    without the traceback, the build machine's paths or the exception's class name."""
+    sys.path.insert(0, str(REPO / "book" / "_ext"))
+    try:
+        import course_book
+    finally:
+        sys.path.remove(str(REPO / "book" / "_ext"))
+    ipython = ("-" * 75 + "\nNotImplementedError                       Traceback (most recent call last)\n"
+               "Cell In[2], line 3\n----> 3 softmax(x)\nFile /home/build/course/x.py:7, in softmax(x)\n"
+               "NotImplementedError: ")
+    assert course_book.short_error(ipython) == course_book.NOT_IMPLEMENTED
+    check = ipython.replace("NotImplementedError: ", "SelfCheckFailed: ✗ softmax: scores look unscaled")
+    assert course_book.short_error(check) == "✗ softmax: scores look unscaled"
+    rendered = "✗ softmax: failed on case 'masked'\n  largest error 0.5 at (0, 1)\n  hint: invert the mask"
+    assert course_book.short_error(rendered) == rendered  # SelfCheckFailed._render_traceback_: kept whole
+
+
 def test_solutions_are_published_in_the_public_build(site):
     assert (site / "solutions" / "01_intuition.html").is_file()
 
