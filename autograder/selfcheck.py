@@ -26,6 +26,10 @@ DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
 class SelfCheckFailed(AssertionError):
     """A self-check found a problem; the message is the diagnosis."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the diagnosis alone, not a traceback into the grader's own code."""
+        return str(self).splitlines()
+
 
 @lru_cache(maxsize=1)
 def _fixtures() -> dict:
