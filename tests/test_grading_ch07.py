@@ -21,9 +21,11 @@ namespace = functools.partial(namespace_of, CH)
 grade = functools.partial(grade_in, CH)
 
 
-def _online(rescale_acc="alpha.unsqueeze(-1) * acc", rescale_l="alpha * l", lse="torch.where(seen, m, 0.0) + torch.log(l_safe)",
-            scale="1.0 / math.sqrt(q.size(-1))", safe="torch.where(torch.isneginf(m_new), 0.0, m_new)",
-            stop="min(start + block_size, L_k)", guard="torch.where(seen, l, 1.0)") -> str:
+def _online(rescale_acc="alpha.unsqueeze(-1) * acc", rescale_l="alpha * l",
+            lse="torch.where(seen, m, 0.0) + torch.log(l_safe)", scale="1.0 / math.sqrt(q.size(-1))",
+            safe="torch.where(torch.isneginf(m_new), 0.0, m_new)", stop="min(start + block_size, L_k)",
+            guard="torch.where(seen, l, 1.0)") -> str:
+    """The reference's online softmax, with one piece of it replaced."""
     return f'''
 def online_softmax_attention(q, k, v, mask=None, block_size=64):
     scale = {scale}
@@ -102,9 +104,10 @@ BUGGY = [
     ("max-not-added-back-to-lse", "online_softmax_attention",
      _online(lse="torch.log(l_safe)"), "lse misses the maximum"),
     ("unscaled-scores", "online_softmax_attention", _online(scale="1.0"), "unscaled"),
-    ("no-guard-for-minus-inf-max", "online_softmax_attention", _online(safe="m_new"), None),
-    ("fully-masked-query-divides-by-zero", "online_softmax_attention", _online(guard="l"), None),
-    ("last-block-dropped", "online_softmax_attention", _online(stop="start + block_size if start + block_size <= L_k else start"), None),
+    ("no-guard-for-minus-inf-max", "online_softmax_attention", _online(safe="m_new"), "finite stand-in"),
+    ("fully-masked-query-divides-by-zero", "online_softmax_attention", _online(guard="l"), "zero output"),
+    ("last-block-dropped", "online_softmax_attention",
+     _online(stop="start + block_size if start + block_size <= L_k else start"), None),
     ("whole-score-matrix", "online_softmax_attention", FULL_MATRIX, "never q @ k^T for all keys"),
     ("repeat-tiled", "repeat_kv", "def repeat_kv(x, n_rep):\n    return x.repeat(*([1] * (x.dim() - 3)), n_rep, 1, 1)\n",
      "tiled"),
@@ -114,12 +117,13 @@ BUGGY = [
      _gqa(rep="k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)"), "tiled instead of grouped"),
     ("gqa-cache-appended-first", "GroupedQueryAttention",
      _gqa(kv_line="k = torch.cat([k, past_kv[0]], dim=2)\n            v = torch.cat([v, past_kv[1]], dim=2)"),
-     None),
+     "wrong order"),
     ("gqa-cache-ignored", "GroupedQueryAttention", _gqa(kv_line="pass"), None),
     ("gqa-cache-returned-repeated", "GroupedQueryAttention",
      _gqa(ret="self.out_proj(out), weights, (repeat_kv(k, n_rep), repeat_kv(v, n_rep))"), "num_kv_heads heads"),
     ("gqa-no-valueerror", "GroupedQueryAttention", _gqa(check="pass"), None),
-    ("gqa-heads-merged-without-transpose", "GroupedQueryAttention", _gqa(merge="out.reshape(B, L, E)"), None),
+    ("gqa-heads-merged-without-transpose", "GroupedQueryAttention", _gqa(merge="out.reshape(B, L, E)"),
+     "weights are right"),
     ("window-off-by-one", "sliding_window_mask", '''
 def sliding_window_mask(seq_len, window, device=None):
     i = torch.arange(seq_len, device=device)[:, None]
