@@ -112,7 +112,7 @@ BUGGY = [
     ("repeat-tiled", "repeat_kv", "def repeat_kv(x, n_rep):\n    return x.repeat(*([1] * (x.dim() - 3)), n_rep, 1, 1)\n",
      "tiled"),
     ("repeat-along-the-wrong-axis", "repeat_kv",
-     "def repeat_kv(x, n_rep):\n    return torch.repeat_interleave(x, n_rep, dim=-2)\n", None),
+     "def repeat_kv(x, n_rep):\n    return torch.repeat_interleave(x, n_rep, dim=-2)\n", "head axis"),
     ("gqa-heads-tiled", "GroupedQueryAttention",
      _gqa(rep="k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)"), "tiled instead of grouped"),
     ("gqa-cache-appended-first", "GroupedQueryAttention",

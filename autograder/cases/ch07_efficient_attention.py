@@ -370,6 +370,9 @@ def _explain(call, student, expected, mismatch) -> str | None:
                 "with num_kv_heads heads (that is what makes the cache small)")
     if ex == "GroupedQueryAttention" and mismatch.aspect == "returned":
         return "return (output, weights, (k, v)): the cache as a pair of tensors, each (B, H_kv, L_past + L, d_h)"
+    if ex == "repeat_kv" and mismatch.aspect == "shape":
+        return ("repeat along the head axis (dim=-3, the third from last): (..., H_kv, L, d) becomes "
+                "(..., H_kv * n_rep, L, d)")
     if ex == "online_softmax_attention" and mismatch.aspect == "nonfinite":
         return ("a NaN or inf where the reference is finite: subtract a finite stand-in (0) where the running "
                 "maximum is still -inf, and give a fully masked query a zero output")
