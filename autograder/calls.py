@@ -58,6 +58,7 @@ class Call:
         device, dtype: where and in which floating dtype the call runs.
         as_default: run with `device` and `dtype` as torch's defaults (for functions such as
             sinusoidal_positional_encoding that create tensors from no input tensor).
+        measure_memory: record the largest tensor the call creates (Outcome.largest_tensor).
     """
 
     chapter: str
@@ -76,6 +77,7 @@ class Call:
     device: str = "cpu"
     dtype: str = "float64"
     as_default: bool = False
+    measure_memory: bool = False
 
     def to_plain(self) -> dict:
         return asdict(self)
@@ -110,6 +112,8 @@ class Outcome:
         inputs_modified: names of arguments changed in place.
         forbidden: forbidden ops or functions seen while the call ran.
         seconds: wall time of the call.
+        largest_tensor: with Call.measure_memory, the most elements held by any tensor an op
+            created while the call ran (views excluded), and that op's name: [numel, "aten.mm"].
     """
 
     error: dict | None = None
@@ -122,6 +126,7 @@ class Outcome:
     inputs_modified: list = field(default_factory=list)
     forbidden: list = field(default_factory=list)
     seconds: float = 0.0
+    largest_tensor: list | None = None
 
     def to_plain(self) -> dict:
         return asdict(self)

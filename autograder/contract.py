@@ -133,6 +133,13 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
         Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION,
                  builds_on=("prepare_qkv", "prepare_qkv_global")),
     )),
+    Chapter("07_efficient_attention", "Efficient attention", (
+        Exercise("online_softmax_attention", "function", 10, NO_ATTENTION),
+        Exercise("repeat_kv", "function", 2, NO_ATTENTION),
+        Exercise("GroupedQueryAttention", "module", 8, NO_ATTENTION, builds_on=("repeat_kv",)),
+        Exercise("sliding_window_mask", "function", 2, NO_ATTENTION),
+        Exercise("alibi_bias", "function", 3, NO_ATTENTION),
+    )),
 )}
 
 CHAPTER_IDS = tuple(CHAPTERS)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .calls import Call, ErrorKind, Outcome
 from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
@@ -40,6 +41,28 @@ class _Recorder(TorchFunctionMode):
         if name in WATCHED_FUNCTIONS:
             self.seen.add(name)
         return func(*args, **(kwargs or {}))
+
+
+class _Largest(TorchDispatchMode):
+    """Records the largest tensor created while a call runs (Call.measure_memory): the most
+    elements held by any output of an aten op that is not a view (an `expand` allocates
+    nothing). At the dispatch level every op is seen, however it was reached."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel, self.op = 0, ""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # else the first op imports torch._dynamo (seconds)
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.numel() > self.numel:
+                    self.numel, self.op = t.numel(), str(func.overloadpacket.__name__)
+        return out
 
 
 def _avoid_dynamo_import() -> None:
@@ -92,13 +115,17 @@ def describe_error(exc: BaseException) -> dict:
 
 def _describe(value: Any) -> str:
     if isinstance(value, (tuple, list)):
-        inner = ", ".join(type(v).__name__ if not isinstance(v, torch.Tensor) else "Tensor" for v in value)
+        inner = ", ".join(_describe(v) if isinstance(v, (tuple, list, torch.Tensor)) else type(v).__name__
+                          for v in value)
         return f"{type(value).__name__}({inner})"
     return "Tensor" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def _flatten(value: Any) -> list:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
+    """The returned values in order, nested tuples/lists included ((out, w, (k, v)) -> 4)."""
+    if not isinstance(value, (tuple, list)):
+        return [value]
+    return [leaf for v in value for leaf in (_flatten(v) if isinstance(v, (tuple, list)) else [v])]
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -242,8 +269,11 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
 
         torch.manual_seed(call.seed)
         defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
-        with defaults, _Recorder(seen):
+        largest = _Largest() if call.measure_memory else _Nothing()
+        with defaults, _Recorder(seen), largest:
             value = fn(*args, **kwargs)
+        if call.measure_memory:
+            out.largest_tensor = [largest.numel, f"aten.{largest.op}"]
         out.returned = _describe(value)
         flat = _flatten(value)
         for v in flat:

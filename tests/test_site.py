@@ -57,7 +57,7 @@ CHAPTERS = [
     "book/04_positional_encoding",
     "book/05_masks",
     "book/06_gated_global_attention",
-    "book/07_cost_of_attention",
+    "book/07_efficient_attention",
 ]
 
 
