@@ -21,7 +21,7 @@ from .. import compare as generic
 from ..compare import Mismatch
 from ..execute import DEVICE_PLACEHOLDER as DEVICE
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import call, matches
+from . import Hints, Mistake, call
 
 
 def cases(exercise, gen, ref, quick):
@@ -327,39 +327,6 @@ MISTAKES = {
 }
 
 
-def _outcome_matches(prediction, outputs) -> bool:
-    pred = prediction if isinstance(prediction, list) else [prediction]
-    compared = 0
-    for p, s in zip(pred, outputs):
-        if p is None:
-            continue
-        if s is None or not (matches(s, p) if p.is_floating_point() else
-                             (tuple(s.shape) == tuple(p.shape) and bool((s == p).all()))):
-            return False
-        compared += 1
-    return compared > 0
-
-
-def model_hint(call, student, expected) -> str | None:
-    correct, mistakes = MISTAKES[call.exercise]
-    try:
-        if not _outcome_matches(correct(call), expected.outputs):
-            return None
-    except Exception:
-        return None
-    found = set()
-    for text, model, when in mistakes:
-        if when is not None and not when(call):
-            continue
-        try:
-            pred = model(call)
-        except Exception:
-            continue
-        if _outcome_matches(pred, student.outputs) and not _outcome_matches(pred, expected.outputs):
-            found.add(text)
-    return found.pop() if len(found) == 1 else None
-
-
 def _explain(call, student, expected, mismatch) -> str | None:
     """Hints the models cannot show: the cache's shape and structure, NaN from the running max."""
     ex = call.exercise
@@ -382,26 +349,9 @@ def _explain(call, student, expected, mismatch) -> str | None:
 GQA_WEIGHTS_RIGHT = "the weights are right but the output is not: weights @ v, heads merged back, then out_proj"
 
 
-def hint(call, student, expected, mismatch):
-    """The hint for a failing case (the older per-chapter API; HINTS below is the same as data)."""
-    text = _explain(call, student, expected, mismatch)
-    if text or mismatch.aspect not in ("values", "nonfinite"):
-        return text
-    text = model_hint(call, student, expected)
-    if text is None and call.exercise == "GroupedQueryAttention" and mismatch.output == 0 \
-            and len(student.outputs) > 1 and matches(student.outputs[1], expected.outputs[1]):
-        return GQA_WEIGHTS_RIGHT
-    return text
-
-
-try:  # the hint engine's data format (autograder/cases/__init__.py, once the rules branch is merged)
-    from . import Hints, Mistake
-except ImportError:  # pragma: no cover - before that merge, hint() above serves
-    HINTS = None
-else:
-    HINTS = {
-        exercise: Hints(mistakes=tuple(Mistake(text, model, when) for text, model, when in mistakes),
-                        correct=correct, explain=_explain,
-                        weights_right=GQA_WEIGHTS_RIGHT if exercise == "GroupedQueryAttention" else None)
-        for exercise, (correct, mistakes) in MISTAKES.items()
-    }
+HINTS = {
+    exercise: Hints(mistakes=tuple(Mistake(text, model, when) for text, model, when in mistakes),
+                    correct=correct, explain=_explain,
+                    weights_right=GQA_WEIGHTS_RIGHT if exercise == "GroupedQueryAttention" else None)
+    for exercise, (correct, mistakes) in MISTAKES.items()
+}
