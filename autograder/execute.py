@@ -89,15 +89,23 @@ def describe_error(exc: BaseException) -> dict:
     }
 
 
-def _describe(value: Any) -> str:
+def _describe(value: Any, depth: int = 0) -> str:
+    """"Tensor", "tuple(Tensor, Tensor)", or one level deeper "tuple(Tensor, list(Tensor, Tensor))"
+    (chapter 8's TinyTransformer returns the list of every block's weights)."""
     if isinstance(value, (tuple, list)):
-        inner = ", ".join(type(v).__name__ if not isinstance(v, torch.Tensor) else "Tensor" for v in value)
+        if depth >= 1:
+            inner = ", ".join(type(v).__name__ if not isinstance(v, torch.Tensor) else "Tensor" for v in value)
+        else:
+            inner = ", ".join(_describe(v, depth + 1) for v in value)
         return f"{type(value).__name__}({inner})"
     return "Tensor" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def _flatten(value: Any) -> list:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
+    """The returned tensors in order; a list or tuple inside the returned tuple is opened too."""
+    if not isinstance(value, (tuple, list)):
+        return [value]
+    return [x for v in value for x in (list(v) if isinstance(v, (tuple, list)) else [v])]
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
