@@ -96,8 +96,32 @@ def only(cls: str, marker: str, new: str) -> str:
     return part(patch(TEMPLATE, marker, new), cls)
 
 
+# Chapter 3's module pasted with a chapter 3 mistake: chapter 3's hint, on this chapter's exercise.
+MHA_UNSCALED = """
+class MultiHeadAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, bias=True, dropout=0.0):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError("embed_dim must be divisible by num_heads")
+        self.h, self.p = num_heads, dropout
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        q, k, v = (p(t).unflatten(-1, (self.h, -1)).transpose(1, 2)
+                   for p, t in ((self.q_proj, query), (self.k_proj, key), (self.v_proj, value)))
+        w = attention_weights(q * math.sqrt(q.shape[-1]), k, mask)     # undoes the scaling
+        o = F.dropout(w, self.p, self.training) @ v
+        return self.out_proj(o.transpose(1, 2).flatten(-2)), w
+"""
+
 # (id, exercise, source, words the hint of the first CPU failure must contain, or None)
 BUGGY = [
+    ("mha-pasted-unscaled", "MultiHeadAttention", MHA_UNSCALED, "unscaled"),
     ("ff-tanh-gelu", "FeedForward", only("FeedForward", "act", 'h = F.gelu(self.fc1(x), approximate="tanh")'), "tanh"),
     ("ff-relu", "FeedForward", only("FeedForward", "act", "h = torch.relu(self.fc1(x))"), "ReLU"),
     ("ff-dropout-always-on", "FeedForward",
