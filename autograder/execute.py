@@ -114,6 +114,8 @@ def describe_error(exc: BaseException) -> dict:
 
 
 def _describe(value: Any) -> str:
+    """"Tensor", "tuple(Tensor, Tensor)", nested ones included: "tuple(Tensor, list(Tensor, Tensor))"
+    (chapter 8's TinyTransformer returns the list of every block's weights)."""
     if isinstance(value, (tuple, list)):
         inner = ", ".join(_describe(v) if isinstance(v, (tuple, list, torch.Tensor)) else type(v).__name__
                           for v in value)
