@@ -11,11 +11,12 @@ three blocks (every block's weights returned, every block masked).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import call
+from . import Hints, Mistake, call
 from . import ch03_multi_head_attention as ch03
 
 
@@ -164,25 +165,6 @@ def _lin(x, st, name):
     return y if b is None else y + b
 
 
-def _matches(call, outputs, model) -> bool:
-    """Whether `outputs` equal a model's prediction (NaN as 0), at the loose tolerance of hints:
-    the models run in float64 and a mistake changes values at O(1)."""
-    rtol, atol = (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-5)
-    if model is None or len(outputs) != len(model):
-        return False
-    return all(a is not None and tuple(a.shape) == tuple(b.shape)
-               and torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol)
-               for a, b in zip(outputs, model))
-
-
-def _safe(fn, *a, **kw):
-    try:
-        with torch.no_grad():
-            return fn(*a, **kw)
-    except Exception:
-        return None
-
-
 def _ff(x, st, prefix="", act="erf"):
     h = _lin(x, st, prefix + "fc1")
     h = {"erf": lambda t: torch.nn.functional.gelu(t),
@@ -266,44 +248,23 @@ FF_MISTAKES = [
 ]
 
 
-def _one_match(call, student, expected, model_fn, mistakes):
-    if not _matches(call, expected.outputs, _safe(model_fn, call)):
-        return None
-    found = []
-    for text, kw in mistakes:
-        model = _safe(model_fn, call, **kw)
-        if _matches(call, student.outputs, model) and not _matches(call, expected.outputs, model):
-            found.append(text)
-    return found[0] if len(set(found)) == 1 else None
-
-
-def _mha_hint(call, student, expected, mismatch):
-    """Chapter 3's hints for the pasted module, through chapter 3's old `hint` function or, once
-    chapter 3 is on the hint engine's tables, through its HINTS entry."""
-    own = getattr(ch03, "hint", None)
-    if own is not None:
-        return own(call, student, expected, mismatch)
-    from . import exercise_hint
-    return exercise_hint(ch03.HINTS["MultiHeadAttention"], call, student, expected, mismatch)
-
-
-# This module still speaks the older hint API (one `hint` function; the hint engine calls it when a
-# chapter module has no HINTS table): the mistake tables above port mechanically to Mistake/Hints.
-def hint(call, student, expected, mismatch):
-    if call.exercise == "MultiHeadAttention":
-        return _mha_hint(call, student, expected, mismatch)
-    if call.exercise == "TinyTransformer":
-        if call.expect_error == "ValueError":
-            return "raise ValueError in forward when the sequence is longer than max_len"
-        if mismatch.aspect == "returned" and (student.returned or "").startswith("tuple(Tensor, Tensor"):
-            return ("return (logits, weights) with weights the list of every block's weights, first block "
-                    "first, not only the last block's")
-    if mismatch.aspect not in ("values", "nonfinite"):
-        return None
-    if call.exercise == "FeedForward":
-        return _one_match(call, student, expected, _ff_model, FF_MISTAKES)
-    if call.exercise == "TransformerBlock":
-        return _one_match(call, student, expected, _block_model, BLOCK_MISTAKES)
-    if call.exercise == "TinyTransformer":
-        return _one_match(call, student, expected, _tiny_model, TINY_MISTAKES)
+def _explain_tiny(call, student, expected, mismatch):
+    if call.expect_error == "ValueError":
+        return "raise ValueError in forward when the sequence is longer than max_len"
+    if mismatch.aspect == "returned" and (student.returned or "").startswith("tuple(Tensor, Tensor"):
+        return ("return (logits, weights) with weights the list of every block's weights, first block "
+                "first, not only the last block's")
     return None
+
+
+def _hints(model, mistakes, explain=None):
+    return Hints(correct=model, explain=explain,
+                 mistakes=tuple(Mistake(text, partial(model, **kw)) for text, kw in mistakes))
+
+
+HINTS = {
+    "MultiHeadAttention": ch03.HINTS["MultiHeadAttention"],  # the pasted chapter 3 module, its hints
+    "FeedForward": _hints(_ff_model, FF_MISTAKES),
+    "TransformerBlock": _hints(_block_model, BLOCK_MISTAKES),
+    "TinyTransformer": _hints(_tiny_model, TINY_MISTAKES, _explain_tiny),
+}
