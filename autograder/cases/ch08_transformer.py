@@ -154,7 +154,7 @@ def _tiny_cases(gen, ref, quick):
 # ----------------------------------------------------------------------------- hints
 # Plain-torch mistake models (float64): each recomputes a block or a whole model with one named
 # mistake. A hint is given only where the mistake-free model reproduces the reference and
-# exactly one mistake reproduces the student's output (see `_one_match`).
+# exactly one mistake reproduces the student's output (the engine's rule, cases.model_hint).
 def _ln(x, st, name):
     return torch.nn.functional.layer_norm(x, x.shape[-1:], st[f"{name}.weight"], st[f"{name}.bias"], 1e-5)
 
