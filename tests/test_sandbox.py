@@ -295,7 +295,9 @@ import os, sys
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "{marker}"])
+        # /bin/sh, not sys.executable: in the fallback as root the child is `nobody`, who may
+        # not be able to run a Python installed under /root (pyenv)
+        os.execv("/bin/sh", ["/bin/sh", "-c", "sleep 600; :", "{marker}"])
     os._exit(0)
 os.wait()
 '''
