@@ -46,7 +46,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+from enum import Enum
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -56,7 +57,23 @@ RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.p
                    "notebook.py")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 NOBODY = 65534
-MODES = ("bubblewrap", "fallback")
+
+
+class SandboxMode(str, Enum):
+    """How a student's code was isolated; carried from the session to the reports. A str, so
+    it compares equal to (and prints as) its value."""
+
+    BUBBLEWRAP = "bubblewrap"
+    FALLBACK = "fallback"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+MODES = tuple(SandboxMode)
 
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
 
@@ -100,9 +117,6 @@ class Limits:
                                      f"{f.type}") from None
         values.update(overrides)
         return cls(**values)
-
-    def to_plain(self) -> dict:
-        return asdict(self)
 
 
 def _parse(raw: str, type_) -> float | int:
@@ -375,7 +389,7 @@ FALLBACK_WARNING = ("the notebook ran as a plain child process with resource lim
                     "Linux with bubblewrap installed.")
 
 
-def choose_mode(requested: str | None = None) -> tuple[str, str]:
+def choose_mode(requested: str | None = None) -> tuple[SandboxMode, str]:
     """(mode, note): the sandbox to use, and a sentence for the report when it is the fallback.
 
     requested: "auto" (default; also $AUTOGRADER_SANDBOX), "bubblewrap" or "none"/"fallback".
@@ -385,19 +399,19 @@ def choose_mode(requested: str | None = None) -> tuple[str, str]:
     """
     requested = (requested or os.environ.get("AUTOGRADER_SANDBOX") or "auto").lower()
     if requested in ("none", "fallback", "off"):
-        return "fallback", ("Sandbox: none (--sandbox none or AUTOGRADER_SANDBOX=none): "
+        return SandboxMode.FALLBACK, ("Sandbox: none (--sandbox none or AUTOGRADER_SANDBOX=none): "
                             + FALLBACK_WARNING)
     if requested not in ("auto", "bubblewrap", "bwrap"):
         raise ValueError(f"unknown sandbox mode {requested!r} (auto, bubblewrap or none)")
     ok, why, _ = probe_bubblewrap()
     if ok:
-        return "bubblewrap", ""
+        return SandboxMode.BUBBLEWRAP, ""
     installed = sys.platform == "linux" and shutil.which("bwrap")
     if requested in ("bubblewrap", "bwrap") or installed:
         raise SandboxUnavailable(f"{why}. {FIX}" if installed else
                                  f"--sandbox bubblewrap was asked for, but {why}. Install "
                                  "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap).")
-    return "fallback", f"Sandbox: fallback ({why}): " + FALLBACK_WARNING
+    return SandboxMode.FALLBACK, f"Sandbox: fallback ({why}): " + FALLBACK_WARNING
 
 
 # --------------------------------------------------------------------------- the child
