@@ -31,6 +31,7 @@ from .execute import execute
 from .inputs import grading_seed
 from .references import load_reference
 from .results import CaseResult, ChapterResult, SubmissionResult, TestResult
+from .sandbox import SandboxMode
 
 CPU_SHARE = 0.8
 HALF_DTYPES = ("float16", "bfloat16")
@@ -292,6 +293,7 @@ class Grader:
             return result
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox) as session:
             info = session.start()
+            result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
             result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick)
@@ -362,10 +364,8 @@ class Grader:
     @staticmethod
     def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:
         result.chapters = list(chapters)
-        for ch in result.chapters:
-            mode = next((n for n in ch.notes if n.startswith("sandbox:")), None)
-            if mode:
-                result.sandbox = mode.removeprefix("sandbox:").strip()
+        modes = {ch.sandbox for ch in result.chapters if ch.sandbox}
+        result.sandbox = SandboxMode.FALLBACK if SandboxMode.FALLBACK in modes else next(iter(modes), None)
         result.seconds = seconds
         return result
 

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sandbox import SandboxMode
 
 
 @dataclass
@@ -47,6 +51,7 @@ class ChapterResult:
     notes: list = field(default_factory=list)    # notebook-level messages (cell errors, sandbox mode)
     output: str = ""                             # the notebook's captured output (capped)
     seconds: float = 0.0
+    sandbox: SandboxMode | None = None           # how the notebook ran (None: it did not run)
 
     @property
     def score(self) -> float:
@@ -63,7 +68,7 @@ class SubmissionResult:
     chapters: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     seconds: float = 0.0
-    sandbox: str = ""
+    sandbox: SandboxMode | None = None           # the weakest mode any chapter ran in
 
     @property
     def score(self) -> float:
