@@ -105,6 +105,7 @@ def _display(*objs, **kwargs):
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional",
              "torch.fx.experimental.symbolic_shapes",  # the meta-device checks need it (sympy)
+             "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
              "collections", "typing", "dataclasses", "copy", "json", "time", "socket",
              "subprocess", "threading", "signal", "uuid", "inspect", "traceback", "linecache",
