@@ -1,0 +1,42 @@
+"""Print what a student who ported someone else's code reads: score and hint for every port in
+tests/ports.py, and whether the hint names the actual mistake. A measurement, not a test:
+
+    python tests/hint_audit.py            # one line per port, then the count
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grading_helpers import grade_in, namespace_of  # noqa: E402
+from ports import PORTS  # noqa: E402
+
+
+def main() -> int:
+    named = wrong = 0
+    for p in PORTS:
+        result = grade_in(p.chapter, namespace_of(p.chapter, p.src))
+        e = result[p.exercise]
+        first = e["first"]
+        hint = first.hint if first is not None else None
+        others = [f"{ex} {r['score']:.2f}/{r['max']:g}" for ex, r in result.items()
+                  if ex != p.exercise and abs(r["score"] - r["max"]) > 1e-9]
+        if p.mistake is None:
+            ok = abs(e["score"] - e["max"]) < 1e-9 and not others
+        else:
+            ok = e["score"] < e["max"] and (p.words is None or (hint is not None and p.words in hint))
+        named += ok
+        wrong += not ok
+        print(f"{'OK ' if ok else 'BAD'} {p.name} [{p.exercise}] {e['score']:.2f}/{e['max']:g}"
+              + (f" (also lost: {', '.join(others)})" if others else ""))
+        if first is not None:
+            print(f"      case: {first.case}\n      message: {first.message}\n      hint: {hint}")
+    print(f"\n{named} of {len(PORTS)} ports graded right with a hint naming the actual mistake "
+          f"({wrong} not)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
