@@ -21,6 +21,18 @@ def student_folders(class_dir: Path) -> list[Path]:
     return sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def class_chapters(grader: Grader, folders: list[Path]) -> list[str]:
+    """Every chapter that some student of the class handed in, in contract order: the one
+    maximum every student is graded out of when no --chapters are given."""
+    found: set = set()
+    for folder in folders:
+        try:
+            found |= set(grader.find_notebooks(folder)[0])
+        except Exception:  # an unreadable folder: planning it reports the problem
+            pass
+    return [c for c in CHAPTERS if c in found]
+
+
 def _grade_chapter(grader: Grader, chapter_id: str, notebook: Path | None) -> ChapterResult:
     return grader.grade_planned(chapter_id, notebook)
 
@@ -79,8 +91,14 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     evenly busy to the end of the class."""
     class_dir = Path(class_dir)
     start = time.perf_counter()
+    folders = student_folders(class_dir)
+    if not chapters:
+        chapters = class_chapters(grader, folders)
+        if progress:
+            print(f"grading every student out of chapters {', '.join(chapters) or '(none)'} (every chapter "
+                  "any student handed in; a missing notebook scores zero)")
     plans: dict[str, tuple[SubmissionResult, list]] = {}
-    for folder in student_folders(class_dir):
+    for folder in folders:
         try:
             plans[folder.name] = grader.plan(folder, chapters)
         except Exception as e:  # never lose the rest of the class to one submission
@@ -128,6 +146,8 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
 
 
 def write_csv(results: dict[str, SubmissionResult], path) -> None:
+    """One row per student: total, maximum, each chapter's score (`missing` where no notebook
+    was handed in), notes."""
     chapters = [c for c in CHAPTERS if any(ch.chapter == c for r in results.values() for ch in r.chapters)]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
@@ -136,5 +156,11 @@ def write_csv(results: dict[str, SubmissionResult], path) -> None:
         for name, r in sorted(results.items()):
             by = {ch.chapter: ch for ch in r.chapters}
             w.writerow([name, f"{r.score:.4g}", f"{r.max_score:.4g}"]
-                       + [f"{by[c].score:.4g}" if c in by else "" for c in chapters]
+                       + [_chapter_cell(by.get(c)) for c in chapters]
                        + [json.dumps(r.notes) if r.notes else ""])
+
+
+def _chapter_cell(ch: ChapterResult | None) -> str:
+    if ch is None:
+        return ""
+    return "missing" if ch.notebook is None else f"{ch.score:.4g}"

@@ -6,7 +6,32 @@ process boundary through `autograder.wire` (no pickle) and can be stored as self
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import Enum
+
+
+class ErrorKind(str, Enum):
+    """Error types that are not the student's own exception (Outcome.error["type"]). A `str`
+    Enum, so `ErrorKind.TIMEOUT == "Timeout"` and plain strings sent by the child compare equal."""
+
+    MISSING = "Missing"    # the target name is not defined
+    TIMEOUT = "Timeout"    # the call (or the child) ran past its time limit
+    CRASH = "Crash"        # the child process died or sent malformed data
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def aspect(self) -> str:
+        """The Mismatch aspect it is reported under ("missing", "timeout", "crash")."""
+        return self.value.lower()
+
+    @classmethod
+    def of(cls, error: dict | None) -> "ErrorKind | None":
+        """The kind of an Outcome.error, or None for an exception the code itself raised."""
+        try:
+            return cls(error["type"]) if error else None
+        except ValueError:
+            return None
 
 
 @dataclass
@@ -33,6 +58,7 @@ class Call:
         device, dtype: where and in which floating dtype the call runs.
         as_default: run with `device` and `dtype` as torch's defaults (for functions such as
             sinusoidal_positional_encoding that create tensors from no input tensor).
+        measure_memory: record the largest tensor the call creates (Outcome.largest_tensor).
     """
 
     chapter: str
@@ -51,6 +77,7 @@ class Call:
     device: str = "cpu"
     dtype: str = "float64"
     as_default: bool = False
+    measure_memory: bool = False
 
     def to_plain(self) -> dict:
         return asdict(self)
@@ -72,8 +99,8 @@ class Outcome:
 
     Attributes:
         error: None, or {"type", "message", "where"} for an exception (student frames only),
-            "type" being "Missing" when the target name does not exist, "Timeout"/"Crash" when
-            the child process hung or died.
+            "type" being an `ErrorKind` value ("Missing", "Timeout", "Crash") where the code
+            itself raised nothing (see ErrorKind).
         returned: a description of the returned structure ("tuple(Tensor, Tensor)", "Tensor",
             "NoneType"), so a wrong return type is reported in words.
         outputs: the returned tensors, flattened in order, detached on the CPU (None where a
@@ -85,6 +112,8 @@ class Outcome:
         inputs_modified: names of arguments changed in place.
         forbidden: forbidden ops or functions seen while the call ran.
         seconds: wall time of the call.
+        largest_tensor: with Call.measure_memory, the most elements held by any tensor an op
+            created while the call ran (views excluded), and that op's name: [numel, "aten.mm"].
     """
 
     error: dict | None = None
@@ -97,6 +126,7 @@ class Outcome:
     inputs_modified: list = field(default_factory=list)
     forbidden: list = field(default_factory=list)
     seconds: float = 0.0
+    largest_tensor: list | None = None
 
     def to_plain(self) -> dict:
         return asdict(self)
@@ -107,9 +137,4 @@ class Outcome:
 
     @classmethod
     def failure(cls, type_: str, message: str, where: str = "") -> "Outcome":
-        return cls(error={"type": type_, "message": message, "where": where})
-
-
-def plain_value(x: Any) -> bool:
-    """Whether x is a value allowed inside a Call (tensors are handled by the wire format)."""
-    return x is None or isinstance(x, (bool, int, float, str))
+        return cls(error={"type": str(type_), "message": message, "where": where})

@@ -100,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         forkserver.context()  # its imports run while this process imports torch below
     if args.sandbox:
         os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
+    from .sandbox import SandboxUnavailable, choose_mode
+    try:
+        mode, note = choose_mode(args.sandbox)
+    except SandboxUnavailable as e:
+        print(f"error: no grading without the sandbox: {e}", file=sys.stderr)
+        return 3
+    if mode != "bubblewrap":
+        print(f"WARNING: {note}", file=sys.stderr)
     from .grading import Grader
     try:
         grader = Grader(device=args.device, seed=args.seed, sandbox=args.sandbox or "auto")

@@ -57,6 +57,14 @@ NO_ATTENTION = Forbidden(
     "PyTorch's ready-made attention (scaled_dot_product_attention / nn.MultiheadAttention / "
     "multi_head_attention_forward)",
 )
+# Chapter 8 builds a whole transformer: nn.TransformerEncoderLayer / DecoderLayer / Transformer
+# run through the ops above (their fast path is _transformer_encoder_layer_fwd, their slow path
+# multi_head_attention_forward), so the same op names catch them; only the words are wider.
+NO_TRANSFORMER = Forbidden(
+    ATTENTION_OPS, ATTENTION_FUNCTIONS,
+    "PyTorch's ready-made attention or transformer layers (scaled_dot_product_attention / "
+    "nn.MultiheadAttention / nn.TransformerEncoderLayer and friends)",
+)
 NO_SOFTMAX = Forbidden(
     SOFTMAX_OPS, SOFTMAX_FUNCTIONS,
     "PyTorch's softmax (torch.softmax, Tensor.softmax, F.softmax, log_softmax)",
@@ -132,6 +140,19 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
         Exercise("prepare_qkv_global", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
         Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION,
                  builds_on=("prepare_qkv", "prepare_qkv_global")),
+    )),
+    Chapter("07_efficient_attention", "Efficient attention", (
+        Exercise("online_softmax_attention", "function", 10, NO_ATTENTION),
+        Exercise("repeat_kv", "function", 2, NO_ATTENTION),
+        Exercise("GroupedQueryAttention", "module", 8, NO_ATTENTION, builds_on=("repeat_kv",)),
+        Exercise("sliding_window_mask", "function", 2, NO_ATTENTION),
+        Exercise("alibi_bias", "function", 3, NO_ATTENTION),
+    )),
+    Chapter("08_transformer", "A transformer that learns", (
+        Exercise("MultiHeadAttention", "module", 3, NO_TRANSFORMER),
+        Exercise("FeedForward", "module", 3, NO_TRANSFORMER),
+        Exercise("TransformerBlock", "module", 6, NO_TRANSFORMER, builds_on=("MultiHeadAttention", "FeedForward")),
+        Exercise("TinyTransformer", "module", 8, NO_TRANSFORMER, builds_on=("TransformerBlock",)),
     )),
 )}
 

@@ -7,14 +7,16 @@ same way. Nothing here compares or scores: that happens in the trusted grader pr
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .calls import Call, Outcome
+from .calls import Call, ErrorKind, Outcome
 from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
@@ -39,6 +41,28 @@ class _Recorder(TorchFunctionMode):
         if name in WATCHED_FUNCTIONS:
             self.seen.add(name)
         return func(*args, **(kwargs or {}))
+
+
+class _Largest(TorchDispatchMode):
+    """Records the largest tensor created while a call runs (Call.measure_memory): the most
+    elements held by any output of an aten op that is not a view (an `expand` allocates
+    nothing). At the dispatch level every op is seen, however it was reached."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel, self.op = 0, ""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # else the first op imports torch._dynamo (seconds)
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.numel() > self.numel:
+                    self.numel, self.op = t.numel(), str(func.overloadpacket.__name__)
+        return out
 
 
 def _avoid_dynamo_import() -> None:
@@ -90,14 +114,20 @@ def describe_error(exc: BaseException) -> dict:
 
 
 def _describe(value: Any) -> str:
+    """"Tensor", "tuple(Tensor, Tensor)", nested ones included: "tuple(Tensor, list(Tensor, Tensor))"
+    (chapter 8's TinyTransformer returns the list of every block's weights)."""
     if isinstance(value, (tuple, list)):
-        inner = ", ".join(type(v).__name__ if not isinstance(v, torch.Tensor) else "Tensor" for v in value)
+        inner = ", ".join(_describe(v) if isinstance(v, (tuple, list, torch.Tensor)) else type(v).__name__
+                          for v in value)
         return f"{type(value).__name__}({inner})"
     return "Tensor" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def _flatten(value: Any) -> list:
-    return list(value) if isinstance(value, (tuple, list)) else [value]
+    """The returned values in order, nested tuples/lists included ((out, w, (k, v)) -> 4)."""
+    if not isinstance(value, (tuple, list)):
+        return [value]
+    return [leaf for v in value for leaf in (_flatten(v) if isinstance(v, (tuple, list)) else [v])]
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -133,11 +163,63 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(eq.all())
 
 
+class TorchState:
+    """Torch's global settings as a fresh process has them, for the duration of one call, and
+    the caller's own restored afterwards: grad mode on (and inference mode off), default dtype
+    float32, no default device, anomaly detection off, deterministic algorithms off, float32
+    matmul precision "highest". So a notebook's global state (a last cell
+    `torch.set_grad_enabled(False)`, `torch.set_default_dtype(torch.float64)`, ...) changes no
+    score, and the self-check leaves the student's kernel as it found it.
+
+    These settings are process-wide (grad mode aside), and the grader runs reference calls from
+    several threads (one per chapter), so calls that hold a TorchState run one at a time: a call
+    never sees another's temporary defaults (`as_default`), nor restores them."""
+
+    _lock = threading.RLock()
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.saved = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.get_default_device(),
+                      torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled(),
+                      torch.are_deterministic_algorithms_enabled(),
+                      torch.is_deterministic_algorithms_warn_only_enabled(),
+                      torch.get_float32_matmul_precision())
+        self.inference = torch.inference_mode(False)
+        self.inference.__enter__()
+        torch.set_grad_enabled(True)
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)
+        torch.set_anomaly_enabled(False)
+        if self.saved[5]:  # (setting it costs about a millisecond: only when it is on)
+            torch.use_deterministic_algorithms(False)
+        torch.set_float32_matmul_precision("highest")
+        return self
+
+    def __exit__(self, *exc):
+        grad, dtype, device, anomaly, anomaly_nan, deterministic, warn_only, precision = self.saved
+        torch.set_float32_matmul_precision(precision)
+        if deterministic or torch.are_deterministic_algorithms_enabled():
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_anomaly_enabled(anomaly, anomaly_nan)
+        torch.set_default_device(None if device == torch.device("cpu") else device)
+        torch.set_default_dtype(dtype)
+        self.inference.__exit__(*exc)
+        torch.set_grad_enabled(grad)
+        self._lock.release()
+        return False
+
+
 def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
-    """Run `call` against the objects in `namespace`; never raises (except `reraise` types)."""
+    """Run `call` against the objects in `namespace` with torch's global state reset
+    (`TorchState`); never raises (except `reraise` types)."""
     target = namespace.get(call.target)
     if target is None:
-        return Outcome.failure("Missing", f"`{call.target}` is not defined in the notebook.")
+        return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
+    with TorchState():
+        return _execute(target, call, reraise)
+
+
+def _execute(target, call: Call, reraise: tuple) -> Outcome:
     dtype = getattr(torch, call.dtype)
     device = call.device
     start = time.perf_counter()
@@ -189,8 +271,11 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
 
         torch.manual_seed(call.seed)
         defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
-        with defaults, _Recorder(seen):
+        largest = _Largest() if call.measure_memory else _Nothing()
+        with defaults, _Recorder(seen), largest:
             value = fn(*args, **kwargs)
+        if call.measure_memory:
+            out.largest_tensor = [largest.numel, f"aten.{largest.op}"]
         out.returned = _describe(value)
         flat = _flatten(value)
         for v in flat:

@@ -7,8 +7,9 @@ are made in the trusted process.
 Scoring: each exercise's points are split between a CPU test (80%) and a device-portability
 test (20%): on CUDA (float32, float16 and bfloat16) where `torch.cuda.is_available()`, else on
 the `meta` device (shapes, dtypes and devices only, which catches tensors created on a fixed
-device). Within a test, credit is the fraction of cases passed. Use of a forbidden built-in
-anywhere in an exercise zeroes the exercise.
+device). Within a test, credit is the fraction of cases passed; a portability case counts only
+where the same case passes on the CPU. Use of a forbidden built-in anywhere in an exercise zeroes
+the exercise. Every case is judged by `judge`, which the self-check and nbgrader use too.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,12 +25,13 @@ import torch
 
 from . import cases as case_registry
 from .calls import Call, Outcome
-from .compare import NOT_IMPLEMENTED, Mismatch, compare_meta
+from .compare import Mismatch, compare_meta
 from .contract import CHAPTERS, Chapter, Exercise, chapter_for_filename
 from .execute import execute
 from .inputs import grading_seed
 from .references import load_reference
 from .results import CaseResult, ChapterResult, SubmissionResult, TestResult
+from .sandbox import SandboxMode
 
 CPU_SHARE = 0.8
 HALF_DTYPES = ("float16", "bfloat16")
@@ -76,7 +79,7 @@ class ReferenceCache:
             for ex in CHAPTERS[chapter_id].exercises:
                 cases = self.cases(chapter_id, ex.name, seed, quick)
                 for device in devices:
-                    for index, c in _variants(cases, device):
+                    for index, c in variants(cases, device):
                         self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
 
     def snapshot(self) -> bytes:
@@ -105,7 +108,10 @@ def reference_key(chapter_id: str, exercise: str, seed: int, quick: bool, index:
     return (chapter_id, exercise, seed, quick, index, call.device, call.dtype)
 
 
-def _variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
+STOPPING_ASPECTS = ("timeout", "crash", "missing")
+
+
+def variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
     """The calls of one device test, each with the index of the case it comes from."""
     if device == "cpu":
         return list(enumerate(cases))
@@ -132,31 +138,69 @@ def _figure(call: Call, student: Outcome, expected: Outcome, m: Mismatch) -> dic
     return {"expected": e.double().tolist(), "submitted": torch.nan_to_num(s.double()).tolist()}
 
 
+@dataclass
+class Verdict:
+    """The diagnosis of one case: the first failing aspect (with its hint), the forbidden
+    built-ins the call used, and a note on a pass (float32 rounding in a float64 case)."""
+
+    mismatch: Mismatch | None
+    forbidden: set = field(default_factory=set)
+    note: str = ""
+
+
+def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verdict:
+    """The one grading rule, used by the grader, the self-check and nbgrader alike: compare the
+    student's outcome of `call` with the expected one (on the meta device: shapes, dtypes and
+    devices only), name the likely mistake, and record forbidden built-ins."""
+    notes: list = []
+    if call.device == "meta":
+        m = compare_meta(call, student, expected)
+    else:
+        m = case_registry.compare(call, student, expected, notes)
+    if m:
+        m.hint = m.hint or case_registry.hint(call, student, expected, m)
+    return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes else "")
+
+
+def forbidden_message(ex: Exercise, names) -> str:
+    return (f"uses {ex.forbidden.what} ({', '.join(sorted(names))}); this exercise asks you to write "
+            "the computation yourself, so it scores zero.")
+
+
 def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
                    seed: int, quick: bool = False) -> list[TestResult]:
-    """Every test of one exercise; `run` executes a Call on the student's side."""
+    """Every test of one exercise; `run` executes a Call on the student's side. A portability
+    case (meta, CUDA) earns credit only where the same case is correct on the CPU."""
     cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set()
+    cpu_passed: dict[int, bool] = {}
     for device in devices:
         share = CPU_SHARE if device == "cpu" else 1 - CPU_SHARE
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
-        for index, c in _variants(cases, device):
+        for index, c in variants(cases, device):
             if stop:
                 test.cases.append(CaseResult(c.case, device, c.dtype, False, stop.aspect,
                                              f"not run: {stop.message}"))
                 continue
             expected = REFERENCES.expected(c, reference_key(chapter.id, ex.name, seed, quick, index, c))
             student = run(c)
-            forbidden_seen |= ex.forbidden.used_in(student.forbidden)
-            m = (compare_meta if device == "meta" else case_registry.compare)(c, student, expected)
-            result = CaseResult(c.case, device, c.dtype, m is None)
+            verdict = judge(ex, c, student, expected)
+            forbidden_seen |= verdict.forbidden
+            m = verdict.mismatch
+            result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note)
             if m:
-                m.hint = m.hint or case_registry.hint(c, student, expected, m)
                 result.aspect, result.message, result.hint = m.aspect, m.message, m.hint
+                result.not_implemented = m.not_implemented
                 result.figure = _figure(c, student, expected, m)
-                if m.aspect in ("timeout", "crash", "missing"):
+                if m.aspect in STOPPING_ASPECTS:
                     stop = m
+            elif device != "cpu" and not cpu_passed.get(index, True):
+                result.passed, result.aspect = False, "cpu"
+                result.message = ("not credited: this case fails on the CPU, and device portability "
+                                  "counts only for cases that are correct there.")
+            if device == "cpu":
+                cpu_passed[index] = result.passed
             test.cases.append(result)
         if stop and stop.aspect == "missing":
             test.note = stop.message
@@ -164,8 +208,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
         test.score = round(test.max_score * test.passed / total, 4) if total else 0.0
         tests.append(test)
     if forbidden_seen:
-        note = (f"uses {ex.forbidden.what} ({', '.join(sorted(forbidden_seen))}); this exercise asks you "
-                "to write the computation yourself, so it scores zero.")
+        note = forbidden_message(ex, forbidden_seen)
         for t in tests:
             t.score, t.note = 0.0, note
     return tests
@@ -195,8 +238,8 @@ def _point_to_failing_foundations(chapter: Chapter, tests: list[TestResult]) -> 
         text = (f"{names} {'fail their' if plural else 'fails its'} own tests too, and `{t.exercise}` may "
                 f"call {it}: fix {it} first (see the hint there), then check this one again")
         for c in t.cases:
-            if not c.passed and not c.hint and c.aspect not in ("missing", "timeout", "crash") \
-                    and not c.message.startswith(NOT_IMPLEMENTED):
+            if not c.passed and not c.hint and c.aspect not in STOPPING_ASPECTS + ("cpu",) \
+                    and not c.not_implemented:
                 c.hint = text
 
 
@@ -250,6 +293,7 @@ class Grader:
             return result
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox) as session:
             info = session.start()
+            result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
             result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick)
@@ -320,10 +364,8 @@ class Grader:
     @staticmethod
     def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:
         result.chapters = list(chapters)
-        for ch in result.chapters:
-            mode = next((n for n in ch.notes if n.startswith("sandbox:")), None)
-            if mode:
-                result.sandbox = mode.removeprefix("sandbox:").strip()
+        modes = {ch.sandbox for ch in result.chapters if ch.sandbox}
+        result.sandbox = SandboxMode.FALLBACK if SandboxMode.FALLBACK in modes else next(iter(modes), None)
         result.seconds = seconds
         return result
 

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sandbox import SandboxMode
 
 
 @dataclass
@@ -13,6 +17,8 @@ class CaseResult:
     aspect: str = ""     # first failing aspect (see compare.Mismatch)
     message: str = ""
     hint: str | None = None
+    note: str = ""       # on a pass: what was allowed (e.g. compare.FLOAT32_NOTE)
+    not_implemented: bool = False  # the code is still the exercise stub
     figure: dict | None = None  # {"expected": [[...]], "submitted": [[...]]} attention weights, for HTML
 
 
@@ -45,6 +51,7 @@ class ChapterResult:
     notes: list = field(default_factory=list)    # notebook-level messages (cell errors, sandbox mode)
     output: str = ""                             # the notebook's captured output (capped)
     seconds: float = 0.0
+    sandbox: SandboxMode | None = None           # how the notebook ran (None: it did not run)
 
     @property
     def score(self) -> float:
@@ -61,7 +68,7 @@ class SubmissionResult:
     chapters: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     seconds: float = 0.0
-    sandbox: str = ""
+    sandbox: SandboxMode | None = None           # the weakest mode any chapter ran in
 
     @property
     def score(self) -> float:

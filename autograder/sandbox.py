@@ -1,6 +1,8 @@
 """How the child process that runs a student's notebook is launched, limited and killed.
 
-Two modes (AUTOGRADER_SANDBOX=auto|bubblewrap|none; auto picks the first that works):
+Two modes (AUTOGRADER_SANDBOX=auto|bubblewrap|none). auto uses bubblewrap when it is installed;
+installed but unable to start raises SandboxUnavailable (exit status 3 on the command line),
+never a silent fallback. The fallback runs only where bwrap is absent or "none" is explicit.
 
 - "bubblewrap": the child runs under bwrap with its own PID, mount, network, IPC and UTS
   namespaces (no network at all, loopback included; when the session ends, killing bwrap kills
@@ -8,7 +10,8 @@ Two modes (AUTOGRADER_SANDBOX=auto|bubblewrap|none; auto picks the first that wo
   allow-list: /usr, /etc and the /bin-/lib links read-only, the Python installation read-only
   (at its own path, so a Python under /root works although /root itself stays hidden), the
   child's runtime modules read-only at /run/autograder-runtime, a fresh size-capped tmpfs at
-  /tmp (the working directory and $HOME), a fresh /proc and a minimal /dev. Nothing else
+  /tmp (the working directory and $HOME; mounted before the Python installation, so a venv
+  under /tmp stays visible), a fresh /proc and a minimal /dev. Nothing else
   exists: not the grader's repository, the solutions, the results path, /work or /root. If one
   of the hidden paths lies inside a directory that is bound (a solutions folder inside the
   Python prefix, say), an empty tmpfs is mounted over it. When the grader runs as root, bwrap
@@ -19,7 +22,8 @@ Two modes (AUTOGRADER_SANDBOX=auto|bubblewrap|none; auto picks the first that wo
   student's laptop, macOS). Same resource limits and timeouts, its own session and process
   group, and a working directory of its own; but the student's code can read and write whatever
   the grader's user can, including the solutions, and can reach the network. The session's
-  report says so. As root, the process limit does not apply (root is exempt from RLIMIT_NPROC).
+  report says so. As root, the child imports torch and the usual modules, then drops to
+  `nobody` (no groups, no_new_privs), so it cannot signal the grader or read root's files.
 
 Limits applied in both modes by the child itself, before any student code runs (hard limits,
 so the student cannot raise them): RLIMIT_DATA = memory (4 GiB by default; counts heap and
@@ -42,7 +46,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+from enum import Enum
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -52,7 +57,23 @@ RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.p
                    "notebook.py")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 NOBODY = 65534
-MODES = ("bubblewrap", "fallback")
+
+
+class SandboxMode(str, Enum):
+    """How a student's code was isolated; carried from the session to the reports. A str, so
+    it compares equal to (and prints as) its value."""
+
+    BUBBLEWRAP = "bubblewrap"
+    FALLBACK = "fallback"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+MODES = tuple(SandboxMode)
 
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
 
@@ -96,9 +117,6 @@ class Limits:
                                      f"{f.type}") from None
         values.update(overrides)
         return cls(**values)
-
-    def to_plain(self) -> dict:
-        return asdict(self)
 
 
 def _parse(raw: str, type_) -> float | int:
@@ -164,6 +182,31 @@ def hidden_paths(extra=()) -> list[str]:
     return out
 
 
+def _prefixes() -> set[str]:
+    """The Python installation's own folders (a venv's and its base's), as given and resolved."""
+    out = set()
+    for d in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
+        if d:
+            out.add(os.path.abspath(d))
+            out.add(os.path.realpath(d))
+    return out
+
+
+def is_hidden(path: str, hidden: list[str]) -> bool:
+    """Whether `path` lies in a hidden folder. A hidden folder that holds the Python installation
+    (a venv inside the repository) hides everything in it except that installation; paths hidden
+    inside the installation itself stay hidden."""
+    prefixes = _prefixes()
+    for q in {os.path.abspath(path), os.path.realpath(path)}:
+        for h in hidden:
+            if not _under(q, h):
+                continue
+            if any(_under(pre, h) and pre != h and _under(q, pre) for pre in prefixes):
+                continue  # h is a folder around the Python installation, q is inside it
+            return True
+    return False
+
+
 def child_sys_path(hidden: list[str]) -> list[str]:
     """The grader's sys.path minus its repository and anything hidden (no '' either)."""
     out = []
@@ -171,8 +214,7 @@ def child_sys_path(hidden: list[str]) -> list[str]:
         if not p:
             continue
         p = os.path.abspath(p)
-        if os.path.exists(p) and not any(_under(p, h) or _under(os.path.realpath(p), h)
-                                         for h in hidden) and p not in out:
+        if os.path.exists(p) and not is_hidden(p, hidden) and p not in out:
             out.append(p)
     return out
 
@@ -220,6 +262,11 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
 
     ops: list[tuple[str, int, list[str]]] = []  # (dest, order at equal path, args)
     bound: list[str] = []
+    # The fresh /tmp comes first (ops are applied shallowest first), so a Python installed under
+    # /tmp (a venv in CI or a container) is bound on top of it instead of being covered by it.
+    tmp = (["--perms", "1777", "--size", str(limits.tmp_size), "--tmpfs", "/tmp"] if variant == 0
+           else ["--tmpfs", "/tmp", "--chmod", "1777", "/tmp"])
+    ops.append(("/tmp", -2, tmp))
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
             ops.append((d, 0, ["--symlink", os.readlink(d), d]))
@@ -232,8 +279,8 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
         if os.path.isdir(d):
             ops.append((d, 0, ["--ro-bind", d, d]))
     for d in _python_dirs(sys_path):
-        if any(_under(d, b) for b in bound):
-            continue  # already visible (e.g. /usr/lib/python3)
+        if any(_under(d, b) for b in bound) or _under("/tmp", d):
+            continue  # already visible (e.g. /usr/lib/python3), or /tmp itself (a script's folder)
         ops.append((d, 0, ["--ro-bind", d, d]))
     # Hidden paths that lie inside something bound get an empty tmpfs (or /dev/null) on top.
     visible = [op[0] for op in ops if op[2][0] == "--ro-bind"]
@@ -251,7 +298,7 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
         parent = os.path.dirname(dest)
         chain = []
         while parent not in ("/", "") and parent not in made:
-            if any(_under(parent, b) for b in bound) or parent in SYSTEM_DIRS:
+            if any(_under(parent, b) for b in bound) or parent in SYSTEM_DIRS or parent == "/tmp":
                 break
             chain.append(parent)
             parent = os.path.dirname(parent)
@@ -265,11 +312,6 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for dev in gpu:
         args += ["--dev-bind", dev, dev]
-    if variant == 0:
-        args += ["--perms", "1777", "--size", str(limits.tmp_size)]
-    args += ["--tmpfs", "/tmp"]
-    if variant != 0:
-        args += ["--chmod", "1777", "/tmp"]
     args += ["--perms", "0755", "--dir", "/run", "--ro-bind", str(stage), RUNTIME_DEST]
     args += ["--chdir", "/tmp"]
     if root:
@@ -324,39 +366,52 @@ def probe_bubblewrap() -> tuple[bool, str, int]:
                     break
                 reasons.append((r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1])
             if not result[0]:
-                result = (False, "bubblewrap does not work here: " + "; ".join(reasons), 0)
+                result = (False, f"bubblewrap ({shutil.which('bwrap')}) is installed but cannot "
+                                 "start a sandbox here: " + "; ".join(reasons), 0)
         _PROBE["result"] = result
         return result
 
 
-def mark_bubblewrap_broken(reason: str) -> None:
-    """Remember (for this process) that bubblewrap failed to start a child."""
-    with _PROBE_LOCK:
-        _PROBE["result"] = (False, reason, 0)
+class SandboxUnavailable(RuntimeError):
+    """Bubblewrap is installed (or was asked for) but cannot start a sandbox here. The command
+    line turns this into exit status 3: grading never goes on unsandboxed because of it."""
 
 
-def choose_mode(requested: str | None = None) -> tuple[str, str]:
+FIX = ("Fix: let bubblewrap create namespaces (unprivileged user namespaces enabled: "
+       "sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu "
+       "kernel.apparmor_restrict_unprivileged_userns=0; in Docker run the grader as root or "
+       "with --security-opt seccomp=unconfined --cap-add SYS_ADMIN), or grade trusted "
+       "submissions without a sandbox with --sandbox none.")
+
+FALLBACK_WARNING = ("the notebook ran as a plain child process with resource limits and "
+                    "timeouts, but without namespaces: it could read the grader's files "
+                    "(the solutions too) and reach the network. Grade untrusted submissions on "
+                    "Linux with bubblewrap installed.")
+
+
+def choose_mode(requested: str | None = None) -> tuple[SandboxMode, str]:
     """(mode, note): the sandbox to use, and a sentence for the report when it is the fallback.
 
     requested: "auto" (default; also $AUTOGRADER_SANDBOX), "bubblewrap" or "none"/"fallback".
-    Asking for bubblewrap where it cannot work raises RuntimeError rather than silently running
-    unsandboxed.
+    The fallback is used only when bubblewrap is not installed (or not Linux) or when "none" is
+    asked for. Bubblewrap installed but unable to start, or asked for and absent, raises
+    SandboxUnavailable rather than running unsandboxed.
     """
     requested = (requested or os.environ.get("AUTOGRADER_SANDBOX") or "auto").lower()
     if requested in ("none", "fallback", "off"):
-        return "fallback", ("Sandbox: none (AUTOGRADER_SANDBOX=none). The notebook ran as a plain "
-                            "child process with resource limits and timeouts only.")
+        return SandboxMode.FALLBACK, ("Sandbox: none (--sandbox none or AUTOGRADER_SANDBOX=none): "
+                            + FALLBACK_WARNING)
     if requested not in ("auto", "bubblewrap", "bwrap"):
         raise ValueError(f"unknown sandbox mode {requested!r} (auto, bubblewrap or none)")
     ok, why, _ = probe_bubblewrap()
     if ok:
-        return "bubblewrap", ""
-    if requested in ("bubblewrap", "bwrap"):
-        raise RuntimeError(f"AUTOGRADER_SANDBOX=bubblewrap, but {why}")
-    return "fallback", (f"Sandbox: fallback ({why}). The notebook ran as a plain child process "
-                        "with resource limits and timeouts, but without namespaces: it could "
-                        "read the grader's files and reach the network. Grade untrusted "
-                        "submissions on Linux with bubblewrap installed.")
+        return SandboxMode.BUBBLEWRAP, ""
+    installed = sys.platform == "linux" and shutil.which("bwrap")
+    if requested in ("bubblewrap", "bwrap") or installed:
+        raise SandboxUnavailable(f"{why}. {FIX}" if installed else
+                                 f"--sandbox bubblewrap was asked for, but {why}. Install "
+                                 "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap).")
+    return SandboxMode.FALLBACK, f"Sandbox: fallback ({why}): " + FALLBACK_WARNING
 
 
 # --------------------------------------------------------------------------- the child
@@ -399,10 +454,16 @@ class Child:
                 drop = [NOBODY, NOBODY]
         else:
             home, runtime = workdir, str(stage)
+            if root:  # no namespaces, but the student's code must not run as root
+                drop = [NOBODY, NOBODY]
+                os.chown(workdir, NOBODY, NOBODY)
         gpu = bool(glob.glob("/dev/nvidia*"))
         config = {
             "sys_path": [runtime] + sys_path,
             "drop": drop,
+            # fallback as root: torch and the usual modules are imported before the drop, since
+            # `nobody` may not be able to read a Python installed under /root (pyenv)
+            "drop_late": mode == "fallback",
             "token": token,
             "threads": limits.threads,
             "rlimits": {

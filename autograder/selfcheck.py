@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import wire
 from .calls import Call, Outcome
-from .compare import Mismatch, compare_meta
+from .compare import Mismatch
 from .contract import CHAPTERS
 from .execute import execute
 
@@ -26,6 +26,10 @@ DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
 class SelfCheckFailed(AssertionError):
     """A self-check found a problem; the message is the diagnosis."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the diagnosis alone, not a traceback into the grader's own code."""
+        return str(self).splitlines()
+
 
 @lru_cache(maxsize=1)
 def _fixtures() -> dict:
@@ -33,8 +37,10 @@ def _fixtures() -> dict:
 
 
 def build_fixtures() -> dict:
-    """Quick cases and the reference's outcomes for every exercise (CPU and meta device)."""
+    """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
+    meta-device variant as the grader runs it)."""
     from .cases import build_cases
+    from .grading import variants
     from .inputs import SELF_CHECK_SEED
     from .references import load_reference
 
@@ -42,12 +48,12 @@ def build_fixtures() -> dict:
     for chapter in CHAPTERS.values():
         ref = load_reference(chapter.id)
         for ex in chapter.exercises:
-            entries = []
-            for c in build_cases(chapter.id, ex.name, ref, seed=SELF_CHECK_SEED, quick=True):
-                meta = c.on("meta", "float32")
-                entries.append({"call": c.to_plain(), "expected": execute(ref, c).to_plain(),
-                                "expected_meta": None if c.train else execute(ref, meta).to_plain()})
-            data[f"{chapter.id}/{ex.name}"] = entries
+            cases = build_cases(chapter.id, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
+            meta = dict(variants(cases[:1], "meta"))
+            data[f"{chapter.id}/{ex.name}"] = [
+                {"call": c.to_plain(), "expected": execute(ref, c).to_plain(),
+                 "expected_meta": execute(ref, meta[i]).to_plain() if i in meta else None}
+                for i, c in enumerate(cases)]
     return data
 
 
@@ -56,9 +62,10 @@ def write_fixtures(path: Path = DATA) -> None:
     wire.save(build_fixtures(), path)
 
 
-def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object]]:
-    """(call, mismatch or None) for each quick case, the meta-device run last."""
-    from .cases import compare, hint
+def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
+    """(call, mismatch or None, note) for each quick case up to the first failure, then the
+    first case on the meta device; judged by the grader's own rule (`grading.judge`)."""
+    from .grading import forbidden_message, judge, variants
 
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}
@@ -66,22 +73,18 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object]]:
     entries = _fixtures()[f"{chapter}/{exercise}"]
     for entry in entries:
         c = Call.from_plain(entry["call"])
-        student = execute(namespace, c)
-        expected = Outcome.from_plain(entry["expected"])
-        m = compare(c, student, expected)
-        if m:
-            m.hint = m.hint or hint(c, student, expected, m)
-        elif ex.forbidden.used_in(student.forbidden):
-            m = Mismatch("forbidden", f"uses {ex.forbidden.what}; this exercise asks you to write the "
-                         "computation yourself (the autograder gives it zero).")
-        results.append((c, m))
+        verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]))
+        m = verdict.mismatch
+        if m is None and verdict.forbidden:
+            m = Mismatch("forbidden", forbidden_message(ex, verdict.forbidden))
+        results.append((c, m, verdict.note))
         if m:
             return results
     first = entries[0]
     if first["expected_meta"] is not None:
-        c = Call.from_plain(first["call"]).on("meta", "float32")
-        m = compare_meta(c, execute(namespace, c), Outcome.from_plain(first["expected_meta"]))
-        results.append((c, m))
+        (_, c), = variants([Call.from_plain(first["call"])], "meta")
+        m = judge(ex, c, execute(namespace, c), Outcome.from_plain(first["expected_meta"])).mismatch
+        results.append((c, m, ""))
     return results
 
 
@@ -89,10 +92,12 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     """Run the quick checks of one exercise; print a summary, and on failure raise
     SelfCheckFailed with the diagnosis (or, with raise_on_failure=False, print it and return False)."""
     results = run_checks(chapter, exercise, obj)
-    failed = [(c, m) for c, m in results if m]
+    failed = [(c, m) for c, m, _ in results if m]
     if not failed:
         print(f"✓ {exercise}: {len(results)} quick checks passed "
               "(shapes, values, gradients, masks, device portability). The autograder runs more cases.")
+        for note in sorted({n for _, _, n in results if n}):
+            print(f"  note: {note}")
         return True
     c, m = failed[0]
     device = " on the meta device (device-portability check)" if c.device == "meta" else ""

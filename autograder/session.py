@@ -643,6 +643,11 @@ def _validated(d) -> Outcome | None:
             setattr(out, key, [_text(v, 500) for v in value[:100]])
         seconds = d.get("seconds", 0.0)
         out.seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+        largest = d.get("largest_tensor")
+        if largest is not None:
+            if not (isinstance(largest, list) and len(largest) == 2 and type(largest[0]) is int):
+                return None
+            out.largest_tensor = [largest[0], _text(largest[1], 200)]
         return out
     except (TypeError, ValueError, AttributeError):
         return None

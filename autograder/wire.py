@@ -151,11 +151,6 @@ def _decode(header: bytes, payload: bytes) -> Any:
     return walk(tree)
 
 
-def write_frame(stream: BinaryIO, obj: Any) -> None:
-    stream.write(encode(obj))
-    stream.flush()
-
-
 def save(obj: Any, path) -> None:
     with open(path, "wb") as f:
         f.write(encode(obj))

@@ -101,16 +101,44 @@ def _display(*objs, **kwargs):
         print(repr(obj))
 
 
-def _prepare(config: dict) -> None:
-    """Before anything else: drop privileges (if asked), set sys.path and the hard limits."""
+# Imported before a late privilege drop (fallback as root), for a Python installation that the
+# unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
+PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional",
+             "torch.fx.experimental.symbolic_shapes",  # the meta-device checks need it (sympy)
+             "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
+             "collections", "typing", "dataclasses", "copy", "json", "time", "socket",
+             "subprocess", "threading", "signal", "uuid", "inspect", "traceback", "linecache",
+             "warnings", "operator", "string", "textwrap", "io", "contextlib", "weakref", "re",
+             "enum", "abc", "struct", "heapq", "bisect", "statistics", "fractions", "decimal",
+             "numbers", "pprint", "types", "pickle", "tempfile", "pathlib", "shutil")
+
+
+def _drop(config: dict) -> None:
+    """Become the unprivileged user named in the config (no groups, no_new_privs)."""
     drop = config.get("drop")
     if drop:
         os.setgroups([])
         os.setgid(drop[1])
         os.setuid(drop[0])
+        if os.getuid() != drop[0] or os.geteuid() != drop[0]:
+            os._exit(70)
         _prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
+
+
+def _prepare(config: dict) -> None:
+    """Before anything else: drop privileges (if asked and not late), set sys.path and the hard
+    limits. A late drop imports PREIMPORT first, then drops."""
     sys.path[:] = config["sys_path"]
-    if config.get("subreaper"):  # the fallback: no PID namespace to do these for us
+    if config.get("drop") and config.get("drop_late"):
+        import importlib
+
+        for name in PREIMPORT:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    _drop(config)
+    if config.get("subreaper"):  # after the drop: changing credentials clears PDEATHSIG  # the fallback: no PID namespace to do these for us
         _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the student's code stay ours
         _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with the grader
     os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)

@@ -10,6 +10,7 @@ import nbformat
 from autograder.contract import CHAPTERS
 from autograder.grading import Grader
 from autograder.references import load_reference, reference_cells
+from autograder.selfcheck import run_checks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,11 +42,27 @@ def grade_in(chapter: str, ns: dict) -> dict:
     return out
 
 
-def check_buggy(chapter: str, exercise: str, src: str, words: str | None) -> None:
-    """A buggy `src` loses credit on `exercise`, every other exercise keeps full marks, and,
-    with `words`, the hint of the first CPU failure contains them."""
-    result = grade_in(chapter, namespace_of(chapter, src))
+def self_check_failures(chapter: str, ns: dict, exercises=None) -> dict:
+    """exercise -> the self-check's first mismatch (only exercises whose self-check fails)."""
+    out = {}
+    for ex in CHAPTERS[chapter].exercises:
+        if exercises is None or ex.name in exercises:
+            failed = [m for _, m, _ in run_checks(chapter, ex.name, ns[ex.target]) if m]
+            if failed:
+                out[ex.name] = failed[0]
+    return out
+
+
+def check_buggy(chapter: str, exercise: str, src: str, words: str | None, self_check: bool = True) -> None:
+    """A buggy `src` loses credit on `exercise`, every other exercise keeps full marks, the
+    student's self-check of `exercise` flags it (unless `self_check` is False: a documented
+    exception, listed in test_selfcheck.SELF_CHECK_MISSES), and, with `words`, the hint of the
+    first CPU failure contains them."""
+    ns = namespace_of(chapter, src)
+    result = grade_in(chapter, ns)
     assert result[exercise]["score"] < result[exercise]["max"], failures(result[exercise])
+    if self_check:
+        assert exercise in self_check_failures(chapter, ns, [exercise]), "the self-check passes this mistake"
     for other, e in result.items():
         if other != exercise:
             assert full(e), (other, failures(e))
@@ -55,9 +72,12 @@ def check_buggy(chapter: str, exercise: str, src: str, words: str | None) -> Non
 
 
 def check_equivalent(chapter: str, src: str) -> None:
-    """A correct but differently written `src` scores full marks on every exercise."""
-    for ex, e in grade_in(chapter, namespace_of(chapter, src)).items():
+    """A correct but differently written `src` scores full marks on every exercise and passes
+    every self-check."""
+    ns = namespace_of(chapter, src)
+    for ex, e in grade_in(chapter, ns).items():
         assert full(e), (ex, failures(e))
+    assert not self_check_failures(chapter, ns)
 
 
 def full(e: dict) -> bool:

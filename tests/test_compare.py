@@ -1,9 +1,17 @@
 """The comparison of outcomes: ordered diagnosis, tolerances, and the numbers in the message."""
+import pytest
 import torch
 
+import test_grading_ch02
+import test_grading_ch03
+import test_grading_ch06
+from autograder import cases as case_registry
 from autograder.calls import Call, Outcome
-from autograder.compare import compare, compare_meta, value_error
+from autograder.compare import FLOAT32_NOTE, compare, compare_meta, value_error
+from autograder.contract import CHAPTERS
 from autograder.execute import execute
+from autograder.grading import HALF_DTYPES, REFERENCES
+from grading_helpers import GRADER, namespace_of
 
 
 def _call(**kw):
@@ -78,9 +86,60 @@ def test_meta_device_catches_tensors_created_on_the_cpu():
     assert m is not None and "device=x.device" in m.hint
 
 
+def test_float32_rounding_in_a_float64_case_passes_with_a_note_and_a_larger_error_fails():
+    x = torch.randn(50, dtype=torch.float64)
+    c = _call(args=[x])
+    ref = _run(lambda t: t.exp(), c)
+    notes = []
+    assert compare(c, _run(lambda t: t.exp() * (1 + 2e-5), c), ref, notes) is None  # float32-level
+    assert notes == [FLOAT32_NOTE]
+    notes = []
+    assert compare(c, _run(lambda t: t.exp() * (1 + 1e-3), c), ref, notes).aspect == "values"
+    assert compare(c, _run(lambda t: t.exp(), c), ref, notes) is None and notes == []
+
+
 def test_tolerance_depends_on_dtype():
     e = torch.ones(3, dtype=torch.float64)
     assert value_error(e + 1e-5, e, "float32") is None
     assert value_error(e + 1e-5, e, "float64") is not None
     b = torch.tensor([True, False])
     assert value_error(torch.tensor([True, True]), b, "float64")[2] == [1]
+
+
+# --------------------------------------------------------------------------- half precision
+# The float16/bfloat16 tolerances of the CUDA test, checked where no GPU is needed: on the CPU,
+# implementations that are correct but computed differently (einsum, other reshapes, their own
+# softmax) must pass in half precision, and a real mistake must still fail. (On a GPU the grader
+# runs the same comparisons on CUDA.)
+VARIANTS = [(m.CH, name, src) for m in (test_grading_ch02, test_grading_ch03, test_grading_ch06)
+            for name, src in m.CORRECT]
+
+
+def half_calls(chapter: str, exercise: str, dtype: str):
+    for c in REFERENCES.cases(chapter, exercise, GRADER.seed, False):
+        if not (c.expect_error or c.as_default or c.train):
+            yield c.on("cpu", dtype)
+
+
+def mismatches(chapter: str, ns: dict, dtype: str) -> list:
+    ref = namespace_of(chapter)
+    out = []
+    for ex in CHAPTERS[chapter].exercises:
+        for c in half_calls(chapter, ex.name, dtype):
+            m = case_registry.compare(c, execute(ns, c), execute(ref, c))
+            if m:
+                out.append((ex.name, c.case, m.aspect, m.message[:200]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("chapter, name, src", VARIANTS, ids=[f"{v[0][:2]}-{v[1]}" for v in VARIANTS])
+def test_correct_but_different_passes_in_half_precision(chapter, name, src, dtype):
+    assert mismatches(chapter, namespace_of(chapter, src), dtype) == []
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_unscaled_scores_still_fail_in_half_precision(dtype):
+    src = next(b[2] for b in test_grading_ch02.BUGGY if b[0] == "unscaled")
+    found = mismatches(test_grading_ch02.CH, namespace_of(test_grading_ch02.CH, src), dtype)
+    assert any(ex == "scaled_dot_product_attention" and aspect == "values" for ex, _, aspect, _ in found), found

@@ -1,7 +1,7 @@
 """Chapter 1 grading: the reference scores full marks, realistic mistakes lose credit on the
 exercise they touch only, hints name the mistake, equivalent formulations score full marks.
 What every chapter shares (full marks for the reference, zero for the stubs, the quick cases) is in
-test_grading_common.py."""
+test_grading.py."""
 import functools
 
 import pytest

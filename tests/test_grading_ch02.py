@@ -2,7 +2,7 @@
 on the exercise they touch only and the hint names the mistake (unscaled scores, softmax over the
 wrong axis, inverted mask, -1e9 instead of zeroed fully masked rows, ...); equivalent
 formulations score full marks; PyTorch's ready-made attention scores zero.
-What every chapter shares is in test_grading_common.py."""
+What every chapter shares is in test_grading.py."""
 import functools
 
 import pytest
@@ -218,3 +218,16 @@ class SelfAttention(nn.Module):
 @pytest.mark.parametrize("name, src", CORRECT, ids=[c[0] for c in CORRECT])
 def test_equivalent_implementations_score_full_marks(name, src):
     check_equivalent(CH, src)
+
+
+def test_zeros_of_the_right_shape_earn_no_portability_credit():
+    """The meta device checks shapes, dtypes and devices only: its share counts only for cases
+    that are correct on the CPU."""
+    e = grade(namespace("""
+def scaled_dot_product_attention(q, k, v, mask=None):
+    w = torch.zeros(*q.shape[:-1], k.shape[-2], dtype=q.dtype, device=q.device)
+    return (w @ v) * q.sum() * 0 , w
+"""))["scaled_dot_product_attention"]
+    assert e["score"] == 0, failures(e)
+    meta = next(t for t in e["tests"] if t.device == "meta")
+    assert all(not c.passed and "fails on the CPU" in c.message for c in meta.cases)

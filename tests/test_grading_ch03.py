@@ -2,7 +2,7 @@
 exercise they touch only, hints name the mistake, equivalent formulations score full marks,
 PyTorch's ready-made attention scores zero, training-mode dropout is graded by properties that
 hold whatever the random stream.
-What every chapter shares is in test_grading_common.py."""
+What every chapter shares is in test_grading.py."""
 import dataclasses
 import functools
 import textwrap
@@ -154,6 +154,12 @@ BUGGY = [
                 return super().forward(x, mask=mask)
         """, "fused qkv_proj"),
     ("mhsa-no-scale", "MultiHeadSelfAttention", MHSA.replace(" / math.sqrt(self.d)", ""), "unscaled"),
+    ("mha-bias-false-ignored", "MultiHeadAttention", MHA.replace("bias=bias", "bias=True"), "bias=False"),
+    ("mhsa-bias-false-ignored", "MultiHeadSelfAttention", MHSA.replace("bias=bias", "bias=True"), "bias=False"),
+    ("mha-assert-not-value-error", "MultiHeadAttention",
+     patch(MHA, "check", "assert embed_dim % num_heads == 0\nif False:"), "raise ValueError"),
+    ("mha-float-mask-ignored", "MultiHeadAttention", MHA.replace("                s = s + mask\n", "                pass\n"),
+     None),
 ]
 
 

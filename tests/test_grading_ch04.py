@@ -1,14 +1,14 @@
 """Chapter 4 grading: the reference scores full marks, realistic mistakes lose credit on the
 exercise they touch only, hints name the mistake, equivalent formulations score full marks.
 What every chapter shares (full marks for the reference, zero for the stubs, the quick cases) is in
-test_grading_common.py."""
+test_grading.py."""
 import functools
 
 import pytest
 
 from autograder.references import load_reference
 
-from grading_helpers import check_buggy, check_equivalent, grade_in, namespace_of
+from grading_helpers import check_buggy, check_equivalent, failures, grade_in, namespace_of
 
 CH = "04_positional_encoding"
 namespace = functools.partial(namespace_of, CH)  # the reference with `src` run on top
@@ -145,15 +145,6 @@ BUGGY = [
             pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
             return torch.from_numpy(pe)
         """, "numpy"),
-    ("table-float32-angles-cast", "sinusoidal_positional_encoding", """
-        def sinusoidal_positional_encoding(max_len, d_model):
-            pos = torch.arange(max_len).float().unsqueeze(1)
-            angle = pos / 10000 ** (torch.arange(0, d_model, 2).float() / d_model)
-            pe = torch.zeros(max_len, d_model)
-            pe[:, 0::2] = torch.sin(angle)
-            pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
-            return pe
-        """, "rounding errors only"),
     # --- SinusoidalPositionalEncoding
     ("spe-table-not-a-buffer", "SinusoidalPositionalEncoding",
      spe(init="self.pe = sinusoidal_positional_encoding(max_len, d_model)"), "register_buffer"),
@@ -206,9 +197,6 @@ BUGGY = [
     ("rope-ignores-base", "apply_rotary_embedding",
      rope(theta="10000.0 ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)"), "`base` argument is ignored"),
     ("rope-length-from-first-axis", "apply_rotary_embedding", rope(L="x.shape[0]"), "batch dimensions"),
-    ("rope-float32-angles", "apply_rotary_embedding",
-     rope(theta="base ** (-torch.arange(0, d, 2).float() / d)", pos="torch.arange(L).float()"),
-     "rounding errors only"),
     ("rope-in-place", "apply_rotary_embedding", """
         def apply_rotary_embedding(x, base=10000.0):
             L, d = x.shape[-2], x.shape[-1]
@@ -306,3 +294,33 @@ def test_rotary_reference_depends_on_relative_position_only():
         diag = torch.diagonal(scores, offset)
         assert torch.allclose(diag, diag[0].expand_as(diag), atol=1e-10)
 
+
+
+# The PyTorch tutorial's PositionalEncoding arithmetic ("Language Modeling with nn.Transformer and
+# torchtext"): float32 arange and .float() frequencies, written into a table of the default dtype.
+TUTORIAL_TABLE = """
+    def sinusoidal_positional_encoding(max_len, d_model):
+        position = torch.arange(max_len).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)[:, : d_model // 2]
+        return pe
+    """
+FLOAT32_ROUNDING = [
+    ("sinusoidal_positional_encoding", TUTORIAL_TABLE),
+    ("apply_rotary_embedding", rope(theta="base ** (-torch.arange(0, d, 2, device=x.device).float() / d)",
+                                    pos="torch.arange(L, device=x.device).float()")),
+]
+
+
+@pytest.mark.parametrize("exercise, src", FLOAT32_ROUNDING, ids=[f[0] for f in FLOAT32_ROUNDING])
+def test_float32_rounding_in_a_float64_case_gets_full_marks_with_a_note(exercise, src):
+    from autograder.compare import FLOAT32_NOTE
+
+    e = grade(namespace(src))[exercise]
+    assert e["score"] == e["max"], failures(e)
+    cpu = [c for t in e["tests"] if t.device == "cpu" for c in t.cases]
+    noted = [c for c in cpu if c.note == FLOAT32_NOTE]
+    assert noted and all(c.dtype == "float64" for c in noted)
+    assert "computed in float32" in FLOAT32_NOTE

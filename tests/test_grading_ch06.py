@@ -1,7 +1,7 @@
 """Chapter 6 grading (the AlphaFold-style module): the reference scores full marks, realistic
 mistakes lose credit on the exercise they touch only, hints name the mistake, equivalent
 formulations score full marks, PyTorch's ready-made attention scores zero.
-What every chapter shares is in test_grading_common.py."""
+What every chapter shares is in test_grading.py."""
 import functools
 import textwrap
 
@@ -136,6 +136,9 @@ BUGGY = [
      patch(AF, "f-dead", "w = torch.softmax(s + (~keep) * -1e8, dim=-1)"), "-1e8"),
     ("fully-masked-nan", "MultiHeadAttention",
      patch(AF, "f-dead", 'w = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1)'), "NaN"),
+    ("mask-laid-out-like-x", "MultiHeadAttention",  # silent where N_seq = N_res (issue #12)
+     patch(AF, "f-mask", "keep = (attention_mask.movedim(self.attn_dim + 1, -1) != 0)[..., None, None, :]"),
+     None),  # fails loudly first (S != R); named where it is silent, see the test below
     ("global-averages-outputs", "MultiHeadAttention", patch(patch(
         AF, "f-global", "pass"), "f-gate", """
         if self.is_global:
@@ -294,3 +297,11 @@ def test_every_layer_gets_its_own_weights_and_gating_matters():
     for c in gated:  # the same module without its gate gives another output
         ungated = execute(namespace(patch(AF, "f-gate", "pass")), c)
         assert not torch.allclose(execute(ref, c).outputs[0], ungated.outputs[0], atol=1e-3), c.case
+
+
+def test_a_mask_laid_out_like_x_fails_silently_where_N_seq_equals_N_res_and_is_named():
+    src = next(b[2] for b in BUGGY if b[0] == "mask-laid-out-like-x")
+    e = grade(namespace(src))["MultiHeadAttention"]
+    square = [c for t in e["tests"] if t.device == "cpu" for c in t.cases if "N_seq = N_res" in c.case]
+    assert square and not square[0].passed and square[0].aspect == "values"
+    assert "wrong layout" in square[0].hint

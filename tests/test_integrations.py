@@ -119,3 +119,24 @@ def test_gradescope_always_writes_results_even_for_an_empty_submission(tmp_path)
     written = json.loads((root / "results" / "results.json").read_text())
     assert written == data and data["score"] == 0
     assert all(t["score"] == 0 for t in data["tests"]) and data["tests"]
+
+
+def test_torch_is_pinned_in_pyproject_only_and_every_installer_uses_that_pin(tmp_path):
+    import re
+    import tomllib
+
+    from autograder.integrations.gradescope import torch_requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = [d for d in deps if d.startswith("torch")]
+    assert pins == [torch_requirement()] and re.fullmatch(r"torch==[\d.]+", pins[0])
+    version = pins[0].split("==")[1]
+    for path in ("requirements.txt", "tools/install.sh"):
+        assert version not in (REPO / path).read_text(), path
+    r = subprocess.run(["bash", "-c", "sed -n 's/^ *\"\\(torch==[^\"]*\\)\".*/\\1/p' pyproject.toml"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.stdout.strip() == pins[0]  # what install.sh reads
+    assert "sed -n 's/^ *\"\\(torch==[^\"]*\\)\".*/\\1/p' pyproject.toml" in (REPO / "tools/install.sh").read_text()
+    with zipfile.ZipFile(build_zip(tmp_path / "a.zip", chapters=["05_masks"])) as z:
+        setup = z.read("setup.sh").decode()
+    assert f'"{pins[0]}"' in setup and setup.count("torch==") == 1

@@ -774,6 +774,154 @@ def test_af_float32_and_meta(is_global):
     assert q.device.type == "meta" and q.shape == ((2, 3, 2, 1, 3) if is_global else (2, 3, 2, 5, 3))
 
 
+# ============================================ chapter 7: efficient attention
+def ch7():
+    return ref("07_efficient_attention")
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 7, 8, 64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_online_softmax_matches_torch_attention_and_logsumexp(block_size, masked):
+    g = gen(70)
+    q, k, v = randn(g, 2, 3, 5, 4), randn(g, 2, 3, 7, 4), randn(g, 2, 3, 7, 6)
+    mask = torch.rand(5, 7, generator=g) > 0.4 if masked else None
+    if masked:
+        mask[:, 0] = True  # no fully masked row: PyTorch's convention for those is checked in ch2
+    out, lse = ch7()["online_softmax_attention"](q, k, v, mask=mask, block_size=block_size)
+    assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    scores = q @ k.transpose(-2, -1) / 2.0
+    if masked:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    assert_close(lse, torch.logsumexp(scores, dim=-1))
+
+
+def test_online_softmax_gradients_match_torch_attention():
+    g = gen(71)
+    inputs = [randn(g, 2, 4, 3).requires_grad_(), randn(g, 2, 9, 3).requires_grad_(),
+              randn(g, 2, 9, 5).requires_grad_()]
+    r = randn(g, 2, 4, 5)
+    mine = torch.autograd.grad((ch7()["online_softmax_attention"](*inputs, block_size=4)[0] * r).sum(), inputs)
+    theirs = torch.autograd.grad((F.scaled_dot_product_attention(*inputs) * r).sum(), inputs)
+    for a, b in zip(mine, theirs):
+        assert_close(a, b)
+
+
+def test_online_softmax_fully_masked_query_and_no_full_score_matrix():
+    g = gen(72)
+    q, k, v = randn(g, 3, 4).requires_grad_(), randn(g, 40, 4), randn(g, 40, 2)
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[1] = False
+    sizes = []
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view and isinstance(out, torch.Tensor):
+                sizes.append(out.numel())
+            return out
+
+    with Sizes():
+        out, lse = ch7()["online_softmax_attention"](q, k, v, mask=mask, block_size=5)
+    assert max(sizes) <= max(mask.numel(), k.numel()) and max(sizes) < 3 * 40 * 2
+    assert torch.equal(out[1], torch.zeros(2, dtype=out.dtype)) and lse[1] == float("-inf")
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_repeat_kv_layout_is_llama_grouping():
+    x = torch.arange(2 * 3 * 1 * 1).view(2, 3, 1, 1)
+    y = ch7()["repeat_kv"](x, 2)
+    assert y[0, :, 0, 0].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def _copy_gqa(module, g):
+    distinct_weights(module, g)
+    return module
+
+
+@pytest.mark.parametrize("H, H_kv", [(4, 4), (4, 2), (4, 1), (6, 3)])
+def test_gqa_matches_torch_attention_with_enable_gqa(H, H_kv):
+    g = gen(73)
+    E = 2 * H
+    m = _copy_gqa(ch7()["GroupedQueryAttention"](E, H, H_kv, bias=True).double(), g)
+    x = randn(g, 2, 5, E)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    out, w, (k, v) = m(x, mask=causal)
+    q = m.q_proj(x).view(2, 5, H, 2).transpose(1, 2)
+    k_ref = m.k_proj(x).view(2, 5, H_kv, 2).transpose(1, 2)
+    v_ref = m.v_proj(x).view(2, 5, H_kv, 2).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k_ref, v_ref, is_causal=True, enable_gqa=True)
+    assert_close(out, m.out_proj(o.transpose(1, 2).reshape(2, 5, E)))
+    assert_close(k, k_ref) and assert_close(v, v_ref)
+    assert w.shape == (2, H, 5, 5) and k.shape == (2, H_kv, 5, 2)
+
+
+def test_gqa_with_as_many_kv_heads_as_heads_is_chapter_3_attention():
+    g = gen(74)
+    gqa = _copy_gqa(ch7()["GroupedQueryAttention"](8, 4, 4, bias=False).double(), g)
+    mha = ch3()["MultiHeadAttention"](8, 4, bias=False).double()
+    mha.load_state_dict(gqa.state_dict())
+    x = randn(g, 2, 6, 8)
+    mask = torch.rand(6, 6, generator=g) > 0.3
+    a, wa, _ = gqa(x, mask=mask)
+    b, wb = mha(x, mask=mask)
+    assert_close(a, b) and assert_close(wa, wb)
+
+
+@pytest.mark.parametrize("H, H_kv", [(4, 2), (2, 1)])
+def test_decoding_through_the_cache_equals_one_causal_pass(H, H_kv):
+    g = gen(75)
+    m = _copy_gqa(ch7()["GroupedQueryAttention"](4 * H, H, H_kv).double(), g)
+    x = randn(g, 2, 7, 4 * H)
+    full, _, (k_full, v_full) = m(x, mask=torch.ones(7, 7, dtype=torch.bool).tril())
+    cache, outs = None, []
+    for t in range(7):
+        o, w, cache = m(x[:, t:t + 1], past_kv=cache)
+        assert w.shape == (2, H, 1, t + 1)
+        outs.append(o)
+    assert_close(torch.cat(outs, dim=1), full)
+    assert_close(cache[0], k_full) and assert_close(cache[1], v_full)
+    assert cache[0].shape == (2, H_kv, 7, 4)
+
+
+@pytest.mark.parametrize("L, window", [(6, 1), (6, 3), (4, 9), (1, 1)])
+def test_sliding_window_mask_by_loops(L, window):
+    mask = ch7()["sliding_window_mask"](L, window)
+    expected = [[0 <= i - j < window for j in range(L)] for i in range(L)]
+    assert mask.dtype == torch.bool and mask.tolist() == expected
+
+
+def _alibi_slopes_from_the_paper(n):
+    """ofirpress/attention_with_linear_biases, get_slopes_power_of_2."""
+    start = 2 ** (-2 ** -(math.log2(n) - 3))
+    return [start * start ** i for i in range(n)]
+
+
+@pytest.mark.parametrize("H", [1, 2, 8, 16])
+def test_alibi_slopes_match_the_papers_code(H):
+    bias = ch7()["alibi_bias"](H, 5)
+    slopes = torch.tensor(_alibi_slopes_from_the_paper(H), dtype=bias.dtype)
+    assert_close(-bias[:, 1, 0], slopes)
+    for i in range(5):
+        for j in range(5):
+            want = -slopes * (i - j) if j <= i else torch.full((H,), float("-inf"), dtype=bias.dtype)
+            assert_close(bias[:, i, j], want)
+    with pytest.raises(ValueError):
+        ch7()["alibi_bias"](12, 3)
+
+
+def test_chapter7_on_meta():
+    r = ch7()
+    t = lambda *s: torch.randn(*s, device="meta")  # noqa: E731
+    out, lse = r["online_softmax_attention"](t(2, 3, 4), t(2, 9, 4), t(2, 9, 5), block_size=4)
+    assert out.shape == (2, 3, 5) and lse.shape == (2, 3) and out.device.type == "meta"
+    m = r["GroupedQueryAttention"](8, 4, 2).to("meta")
+    o, w, (k, v) = m(t(2, 3, 8), past_kv=(t(2, 2, 4, 2), t(2, 2, 4, 2)))
+    assert o.shape == (2, 3, 8) and w.shape == (2, 4, 3, 7) and k.shape == (2, 2, 7, 2)
+    assert r["sliding_window_mask"](5, 2, device="meta").device.type == "meta"
+    assert r["alibi_bias"](4, 5, device="meta").device.type == "meta"
+
+
 # ============================================ every chapter on CUDA, where there is a GPU
 def _portable_calls(device: str) -> list:
     """(name, output) pairs from every reference, run with inputs and modules on `device`."""
@@ -794,6 +942,7 @@ def _portable_calls(device: str) -> list:
         ("LearnedPositionalEmbedding", ch4()["LearnedPositionalEmbedding"](10, 8), (t(2, 5, 8),)),
         ("af", ch6()["MultiHeadAttention"](6, 3, 2, -2, gated=True), (t(3, 5, 6),)),
         ("af_global", ch6()["MultiHeadAttention"](6, 3, 2, -2, gated=True, is_global=True), (t(3, 5, 6),)),
+        ("GroupedQueryAttention", ch7()["GroupedQueryAttention"](8, 4, 2), (t(2, 5, 8),)),
     ]:
         distinct_weights(module, gen(41))
         result = module.to(device)(*args)
@@ -804,6 +953,10 @@ def _portable_calls(device: str) -> list:
     out.append(("causal", ch5()["causal_mask"](4, device=device)))
     tokens = torch.tensor([[1, 2, 0], [3, 0, 0]], device=device)
     out.append(("decoder", ch5()["decoder_mask"](tokens)))
+    out.append(("online", ch7()["online_softmax_attention"](t(2, 3, 4), t(2, 5, 4), t(2, 5, 6), mask=mask,
+                                                              block_size=2)[0]))
+    out.append(("window", ch7()["sliding_window_mask"](5, 2, device=device)))
+    out.append(("alibi", ch7()["alibi_bias"](4, 5, device=device).exp()))
     return out
 
 

@@ -2,6 +2,7 @@
 import contextlib
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +77,39 @@ def test_without_raising_the_check_prints_and_returns_false(capsys):
     assert check("05_masks", "causal_mask", lambda seq_len, device=None: torch.ones(seq_len, seq_len,
                  dtype=torch.bool, device=device), raise_on_failure=False) is False
     assert "✗ causal_mask" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the mistake cross-test
+# Every realistic mistake of the chapter tests (their BUGGY lists, each asserted there to lose
+# points at grading) through the self-check, and every correct variant (the references and the
+# CORRECT lists): the self-check must pass every correct variant and flag what the grader
+# penalises (at least 95% of the mistakes). Exceptions, (chapter, variant id) -> why: none at present.
+SELF_CHECK_MISSES: dict = {}
+CHAPTER_TESTS = sorted(p.stem for p in Path(__file__).parent.glob("test_grading_ch*.py"))
+
+
+def _chapter_variants():
+    import importlib
+
+    for name in CHAPTER_TESTS:
+        mod = importlib.import_module(name)
+        yield mod.CH, mod.BUGGY, getattr(mod, "CORRECT", []) + getattr(mod, "FLOAT32_ROUNDING", [])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_self_check_flags_what_the_grader_penalises_and_passes_correct_code():
+    from grading_helpers import namespace_of, self_check_failures
+
+    mistakes, missed, correct_failing = 0, [], []
+    for chapter, buggy, correct in _chapter_variants():
+        for name, exercise, src, _ in buggy:
+            mistakes += 1
+            if exercise not in self_check_failures(chapter, namespace_of(chapter, src), [exercise]):
+                missed.append((chapter, name))
+        for name, src in [("reference", "")] + list(correct):
+            failing = self_check_failures(chapter, namespace_of(chapter, src))
+            correct_failing += [(chapter, name, ex, m.message) for ex, m in failing.items()]
+    assert mistakes >= 134
+    assert not correct_failing
+    assert set(missed) == set(SELF_CHECK_MISSES), missed
+    assert 1 - len(missed) / mistakes >= 0.95

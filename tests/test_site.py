@@ -9,6 +9,10 @@ notebooks executed) unless ``_build/html`` is newer than every source; then it i
 - every formula is typeset by the bundled MathJax (an ``mjx-container`` in every math element,
   no MathJax error, no raw ``$$``, ``\\(`` or ``\\[`` left in the visible text);
 - every image loads with a non-zero size;
+- every page reads right at a 1400 px wide window (``test_page_reads_right``): no display
+  formula in a box that clips it vertically without room above and below, no backslash typeset
+  as a character in math (a TeX escape inside a text box), no traceback shown to the reader, every raster
+  figure drawn with at least 1.5 pixels per shown pixel, no code block wider than the column;
 - the "next" links from the first page reach every chapter, in order, and search finds pages;
 - a screenshot of each page is saved under ``_build/screenshots/``.
 
@@ -53,7 +57,7 @@ CHAPTERS = [
     "book/04_positional_encoding",
     "book/05_masks",
     "book/06_gated_global_attention",
-    "book/07_cost_of_attention",
+    "book/07_efficient_attention",
 ]
 
 
@@ -253,6 +257,24 @@ def test_chapter_links_its_exercise_notebook(site, chapter):
         f"{chapter} offers no download of exercises/{number_name}.ipynb"
 
 
+def test_error_outputs_are_shortened_to_the_diagnosis():
+    """What the book shows of a failing cell (book/_ext/course_book.short_error): the diagnosis,
+    without the traceback, the build machine's paths or the exception's class name."""
+    sys.path.insert(0, str(REPO / "book" / "_ext"))
+    try:
+        import course_book
+    finally:
+        sys.path.remove(str(REPO / "book" / "_ext"))
+    ipython = ("-" * 75 + "\nNotImplementedError                       Traceback (most recent call last)\n"
+               "Cell In[2], line 3\n----> 3 softmax(x)\nFile /home/build/course/x.py:7, in softmax(x)\n"
+               "NotImplementedError: ")
+    assert course_book.short_error(ipython) == course_book.NOT_IMPLEMENTED
+    check = ipython.replace("NotImplementedError: ", "SelfCheckFailed: ✗ softmax: scores look unscaled")
+    assert course_book.short_error(check) == "✗ softmax: scores look unscaled"
+    rendered = "✗ softmax: failed on case 'masked'\n  largest error 0.5 at (0, 1)\n  hint: invert the mask"
+    assert course_book.short_error(rendered) == rendered  # SelfCheckFailed._render_traceback_: kept whole
+
+
 def test_solutions_are_published_in_the_public_build(site):
     assert (site / "solutions" / "01_intuition.html").is_file()
 
@@ -327,9 +349,9 @@ def browser():
 class PageVisit:
     """A browser page that records console errors, failed requests and off-machine requests."""
 
-    def __init__(self, browser, server):
+    def __init__(self, browser, server, width: int = 1280):
         self.server = server
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+        self.context = browser.new_context(viewport={"width": width, "height": 900}, service_workers="block")
         self.page = self.context.new_page()
         self.console_errors: list[str] = []
         self.failed: list[str] = []
@@ -409,6 +431,69 @@ async () => {
 """
 
 
+# What the reader sees at 1400 px (every page of _toc.yml, whatever chapters are added):
+READ_RIGHT = """
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  for (const d of document.querySelectorAll('main details')) { d.open = true; }   // hidden code cells too
+  const imgs = Array.from(document.images);
+  for (const img of imgs) { img.loading = 'eager'; }
+  await Promise.all(imgs.map(img => img.complete ? null : new Promise(r => { img.onload = img.onerror = r; })));
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const article = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+  const shown = el => !!(el.offsetParent || el.getClientRects().length) && getComputedStyle(el).visibility !== 'hidden';
+  const px = v => parseFloat(v) || 0;
+
+  // 1. Display formulas: every box around one that clips vertically leaves room above and below.
+  const clipped = [];
+  for (const m of document.querySelectorAll('mjx-container[display="true"]')) {
+    const math = m.querySelector('mjx-math');
+    if (!math || !shown(m)) continue;
+    const r = math.getBoundingClientRect();
+    const need = 0.25 * px(getComputedStyle(m).fontSize);
+    for (let el = m; el && el !== document.body; el = el.parentElement) {
+      const cs = getComputedStyle(el);
+      if (cs.overflowY === 'visible' && cs.overflowX === 'visible') continue;
+      const box = el.getBoundingClientRect();
+      const top = r.top - (box.top + px(cs.borderTopWidth));
+      const bottom = (box.bottom - px(cs.borderBottomWidth)) - r.bottom;
+      if (top < need || bottom < need) {
+        clipped.push(`${(m.textContent || '').slice(0, 50)} [${el.tagName.toLowerCase()}.${String(el.className).split(' ')[0]}: ` +
+                     `room ${top.toFixed(1)} / ${bottom.toFixed(1)} px, need ${need.toFixed(1)}]`);
+        break;
+      }
+    }
+  }
+
+  // 2. Backslashes typeset as characters (\\text{max\\_len} shows "max\\_len").
+  const backslashes = Array.from(document.querySelectorAll('mjx-container'))
+    .filter(m => m.querySelector('mjx-c.mjx-c5C') ||
+                 Array.from(m.querySelectorAll('mjx-assistive-mml mtext')).some(t => t.textContent.includes('\\\\')))
+    .map(m => (m.textContent || '').slice(0, 60));
+
+  // 3. Tracebacks.
+  const tracebackText = /Traceback \\(most recent call last\\)|Cell In\\[\\d+\\]|File "\\/|\\/site-packages\\/|^-{30,}$/m;
+  const tracebacks = Array.from(article.querySelectorAll('.traceback, pre, .output'))
+    .filter(el => shown(el) && (el.classList.contains('traceback') || tracebackText.test(el.textContent)))
+    .map(el => el.textContent.trim().slice(0, 120));
+
+  // 4. Raster figures drawn with fewer than 1.5 pixels per shown pixel.
+  const blurry = imgs.filter(img => shown(img) && !/\\.svg(\\?|#|$)|^data:image\\/svg/i.test(img.getAttribute('src') || ''))
+    .map(img => ({src: img.getAttribute('src'), natural: img.naturalWidth, shown: img.getBoundingClientRect().width}))
+    .filter(i => i.shown > 0 && i.natural < 1.5 * i.shown);
+
+  // 5. Code blocks wider than the text column.
+  const col = article.getBoundingClientRect();
+  const colRight = col.right - px(getComputedStyle(article).paddingRight) + 1;
+  const wide = Array.from(article.querySelectorAll('pre'))
+    .filter(pre => shown(pre) && (pre.scrollWidth > pre.clientWidth + 1 || pre.getBoundingClientRect().right > colRight))
+    .map(pre => `${pre.textContent.split('\\n').reduce((a, b) => a.length >= b.length ? a : b, '').slice(0, 80)} ` +
+                `(${pre.scrollWidth} px in ${pre.clientWidth} px)`);
+  return {clipped, backslashes, tracebacks, blurry, wide};
+}
+"""
+
+
 def _screenshot_name(docname: str) -> str:
     return docname.replace("/", "__") + ".png"
 
@@ -442,6 +527,32 @@ def test_page_renders_in_browser(visit, docname, site):
     assert not visit.failed, f"{docname}: failed requests: {visit.failed}"
     assert not visit.server_errors, f"{docname}: the server answered with errors: {visit.server_errors}"
     assert not visit.console_errors, f"{docname}: console errors: {visit.console_errors}"
+
+
+@pytest.fixture
+def wide_visit(browser, server):
+    v = PageVisit(browser, server, width=1400)
+    yield v
+    v.close()
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_page_reads_right(wide_visit, docname, site):
+    """At 1400 px: formulas not clipped, no typeset backslashes, no tracebacks, crisp figures,
+    code within the column (hidden code cells opened first)."""
+    if not (site / f"{docname}.html").is_file():
+        pytest.fail(f"{docname}.html was not built")
+    wide_visit.goto(f"{docname}.html")
+    found = wide_visit.page.evaluate(READ_RIGHT)
+    problems = {
+        "display formulas clipped (no room in a box that hides vertical overflow)": found["clipped"],
+        "backslashes typeset in math": found["backslashes"],
+        "tracebacks shown to the reader": found["tracebacks"],
+        "raster figures with fewer than 1.5 pixels per shown pixel": found["blurry"],
+        "code blocks wider than the column": found["wide"],
+    }
+    report = [f"{what}: {items[:5]}" for what, items in problems.items() if items]
+    assert not report, f"{docname} at 1400 px:\n" + "\n".join(report)
 
 
 def test_figures_are_on_the_chapter_pages(site):

@@ -11,5 +11,7 @@ if command -v apt-get >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends chromium bubblewrap fonts-dejavu-core >/dev/null
 fi
-$PY -m pip install -q --disable-pip-version-check torch==2.13.0
+# The torch pin of pyproject.toml (its one place), installed first.
+TORCH=$(sed -n 's/^ *"\(torch==[^"]*\)".*/\1/p' pyproject.toml)
+$PY -m pip install -q --disable-pip-version-check "$TORCH"
 $PY -m pip install -q --disable-pip-version-check -r requirements.txt

@@ -1,27 +1,60 @@
-"""Test cases per chapter: which Calls grade an exercise, and which mistakes explain a mismatch.
+"""Test cases per chapter, and the one hint engine that names likely mistakes.
 
 Each chapter module defines
     cases(exercise, gen, ref, quick) -> list[Call]   # inputs made from `gen`; `ref` is the
                                                      # reference namespace (to shape weights)
-    hint(call, student, expected, mismatch) -> str | None
-                                                     # names the likely mistake, from the call's
-                                                     # inputs and the student's outputs alone
+    HINTS: dict[str, Hints]                          # per exercise: its mistake models as data
 and may define
     compare(call, student, expected) -> Mismatch | None
                                                      # its own comparison (e.g. training-mode
                                                      # dropout, graded by properties)
 The chapter, exercise and target fields of each Call are filled in here.
+
+A mistake model (`Mistake`) recomputes a call with one named mistake in plain torch. `hint`
+gives the hint of the mistake that explains what the student returned, by one rule for every
+chapter (`explains`) and one tolerance policy (`hint_tolerance`); see `model_hint`.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..calls import Call, Outcome
 from ..contract import CHAPTERS
 from ..inputs import generator
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One named mistake: `model(call)` gives the outputs that mistake produces on the call's
+    inputs (a tensor, or a list with None for outputs it does not predict), or raises as the
+    mistake would; `when(call)` says whether the mistake is looked for on this call."""
+
+    hint: str
+    model: Callable
+    when: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What a chapter declares about one exercise's likely mistakes.
+
+    correct: the mistake-free model; when given, models are trusted only on calls where it
+        reproduces the reference.
+    explain: (call, student, expected, mismatch) -> hint or None, for what models cannot show
+        (parameter names, dtype, device, a missing ValueError, shape errors with batch axes).
+    weights_right: the hint when output 0 differs but output 1 (the weights) is right.
+    """
+
+    mistakes: tuple | Callable = ()  # the Mistakes, or a function of the call that lists them
+    correct: Callable | None = None
+    explain: Callable | None = None
+    weights_right: str | None = None
 
 
 def _module(chapter: str):
@@ -35,28 +68,124 @@ def build_cases(chapter: str, exercise: str, ref: dict, *, seed: int, quick: boo
             for c in calls]
 
 
-def compare(call: Call, student: Outcome, expected: Outcome):
+def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None = None):
     """The chapter's own comparison where it has one, else `autograder.compare.compare`."""
     from .. import compare as generic
 
     own = getattr(_module(call.chapter), "compare", None)
-    return (own or generic.compare)(call, student, expected)
+    return own(call, student, expected) if own else generic.compare(call, student, expected, notes)
+
+
+# ----------------------------------------------------------------------------- the hint engine
+NO_HINT_ASPECTS = ("missing", "timeout", "crash", "grader", "forbidden")
+MODEL_ASPECTS = ("values", "nonfinite", "shape", "error")
+
+
+def hint_tolerance(dtype: str) -> tuple[float, float]:
+    """(rtol, atol) for recognising a mistake: models run in float64, and a mistake changes
+    values at O(1), so one loose tolerance serves every chapter."""
+    return {"float16": (2e-2, 2e-2), "bfloat16": (1e-1, 1e-1)}.get(dtype, (1e-3, 1e-5))
 
 
 def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:
-    if mismatch.not_implemented:  # a stub: any hint about the intended behaviour would mislead
-        return None
+    """The hint for a failing case, or None. Never raises (a hint is a courtesy)."""
+    if mismatch.not_implemented or mismatch.aspect in NO_HINT_ASPECTS:
+        return None  # a stub, or not the code's values: any hint about the behaviour would mislead
     try:
-        return _module(call.chapter).hint(call, student, expected, mismatch)
-    except Exception:  # a hint is a courtesy; never let it break grading
+        module = _module(call.chapter)
+        table = getattr(module, "HINTS", None)
+        if table is None:  # a chapter module on the older API: its own hint function
+            return module.hint(call, student, expected, mismatch)
+        spec = table.get(call.exercise)
+        return spec and exercise_hint(spec, call, student, expected, mismatch)
+    except Exception:
         return None
 
 
-def matches(a, b, rtol: float = 1e-4, atol: float = 1e-6) -> bool:
-    """Whether a submitted tensor `a` equals the output `b` of a mistake model (NaN counted as 0):
-    how the hints recognise a mistake."""
-    return (a is not None and b is not None and tuple(a.shape) == tuple(b.shape)
-            and torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol))
+def exercise_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:
+    if spec.explain:
+        text = spec.explain(call, student, expected, mismatch)
+        if text:
+            return text
+    if mismatch.aspect not in MODEL_ASPECTS:
+        return None
+    text = model_hint(spec, call, student, expected, shapes_only=mismatch.aspect == "shape")
+    if text:
+        return text
+    if (spec.weights_right and mismatch.output == 0 and len(student.outputs) > 1 and len(expected.outputs) > 1
+            and matches(student.outputs[1], expected.outputs[1], call.dtype)):
+        return spec.weights_right
+    return None
+
+
+def model_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, shapes_only: bool = False):
+    """The hint of the one mistake (by distinct hint text) that explains the student's outcome
+    and not the reference's; None when none or several do, or when the mistake-free model does
+    not reproduce the reference on this call."""
+    if spec.correct is not None and not explains(predict(spec.correct, call), expected, call.dtype):
+        return None
+    found = set()
+    mistakes = spec.mistakes(call) if callable(spec.mistakes) else spec.mistakes
+    for m in mistakes:
+        if m.when is not None and not m.when(call):
+            continue
+        prediction = predict(m.model, call)
+        if (explains(prediction, student, call.dtype, shapes_only)
+                and not explains(prediction, expected, call.dtype, shapes_only)):
+            found.add(m.hint)
+    return found.pop() if len(found) == 1 else None
+
+
+_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
+                        r"at non-singleton dimension (\d+)")
+
+
+def _error_key(message: str):
+    """A broadcasting error, regardless of the operands' order (None for any other error)."""
+    m = _BROADCAST.search(message or "")
+    return (frozenset(m.group(1, 2)), m.group(3)) if m else None
+
+
+def predict(model: Callable, call: Call) -> tuple:
+    """("ok", [outputs]) or ("error", key) for one model on one call."""
+    try:
+        with torch.no_grad():
+            out = model(call)
+    except RuntimeError as e:
+        return "error", _error_key(str(e))
+    except Exception:
+        return "error", None
+    return "ok", list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def explains(prediction: tuple, outcome: Outcome, dtype: str, shapes_only: bool = False) -> bool:
+    """The matching rule: whether a model's prediction is what `outcome` holds."""
+    kind, value = prediction
+    if outcome.error:
+        key = _error_key(outcome.error.get("message", ""))
+        return kind == "error" and key is not None and key == value
+    if kind != "ok" or len(value) > len(outcome.outputs) or all(v is None for v in value):
+        return False
+    for got, want in zip(outcome.outputs, value):
+        if want is None:
+            continue
+        if got is None or tuple(got.shape) != tuple(want.shape):
+            return False
+        if not shapes_only and not matches(got, want, dtype):
+            return False
+    return True
+
+
+def matches(got, want, dtype: str = "float64") -> bool:
+    """Whether tensor `got` equals a model's `want` within the hint tolerance: NaN counts as 0
+    on both sides, except that where `want` is NaN, `got` must be NaN too."""
+    if got is None or want is None or tuple(got.shape) != tuple(want.shape):
+        return False
+    got, want = got.double(), want.double()
+    if (torch.isnan(want) & ~torch.isnan(got)).any():
+        return False
+    rtol, atol = hint_tolerance(dtype)
+    return torch.allclose(torch.nan_to_num(got), torch.nan_to_num(want), rtol=rtol, atol=atol)
 
 
 def call(case: str, *args, **fields) -> Call:

@@ -11,7 +11,7 @@ import math
 import torch
 
 from ..inputs import randn
-from . import call, matches
+from . import Hints, Mistake, call
 
 
 def cases(exercise, gen, ref, quick):
@@ -54,8 +54,10 @@ def _softmax_cases(gen, quick):
                 _huge(gen, 6, 5), grad=g)
     dim1 = call("3-D (2, 5, 3), dim=1", randn(gen, 2, 5, 3, scale=2.0), kwargs={"dim": 1}, grad=g)
     neg_inf = call("-inf entries get probability 0, (4, 6)", _with_neg_inf(gen, 4, 6), grad=g)
+    empty = call("a slice that is entirely -inf gives all zeros (like a fully masked attention row)",
+                 _all_neg_inf_row(gen, 4, 5, row=2))
     if quick:
-        return [huge, dim1, neg_inf]
+        return [huge, dim1, neg_inf, empty]
     # Moderate inputs first: the CUDA test repeats the first cases in float16 / bfloat16, where
     # inputs of ±1000 are too coarse for a fair comparison of equally stable formulas.
     return [dim1, neg_inf, call("2-D (4, 7), default dim", randn(gen, 4, 7, scale=2.0), grad=g), huge] + [
@@ -67,8 +69,7 @@ def _softmax_cases(gen, quick):
         call("-inf entries along dim=1 of (2, 5, 3)",
              _with_neg_inf(gen, 2, 3, 5).transpose(1, 2).contiguous(), kwargs={"dim": 1}, grad=g),
         call("a single entry along dim (3, 1): probability 1", randn(gen, 3, 1), grad=g),
-        call("a slice that is entirely -inf gives all zeros (like a fully masked attention row)",
-             _all_neg_inf_row(gen, 4, 5, row=2)),
+        empty,
         call("float32 keeps float32, inputs of ±100 (float32's exp overflows at 89)",
              randn(gen, 4, 6, scale=100.0), dtype="float32", grad=g),
     ]
@@ -93,13 +94,14 @@ def _pool_cases(gen, quick):
         call("batch (2, 3): query (2, 3, 5), keys (2, 3, 7, 5), values (2, 3, 7, 2)",
              randn(gen, 2, 3, 5), randn(gen, 2, 3, 7, 5), randn(gen, 2, 3, 7, 2), grad=g),
     ]
+    large = call("large dot products (+1000 and -800): the weights must stay finite",
+                 *_large_scores(gen, 3, 6, 8), randn(gen, 3, 6, 4), grad=g)
     if quick:
-        return cs
+        return cs + [large]
     return cs + [
         call("batch (4,): query (4, 3), keys (4, 5, 3), values (4, 5, 6)",
              randn(gen, 4, 3), randn(gen, 4, 5, 3), randn(gen, 4, 5, 6), grad=g),
-        call("large dot products (+1000 and -800): the weights must stay finite",
-             *_large_scores(gen, 3, 6, 8), randn(gen, 3, 6, 4), grad=g),
+        large,
         call("one key (n = 1): weight 1, output = that value",
              randn(gen, 2, 5), randn(gen, 2, 1, 5), randn(gen, 2, 1, 3), grad=g),
         call("d = 1 (odd sizes), n = 5, d_v = 7",
@@ -116,93 +118,118 @@ def _dim_of(call) -> int:
     return call.args[1] if len(call.args) > 1 else -1
 
 
-def softmax_hint(call, student, expected, mismatch) -> str | None:
-    x = call.args[0].double()
-    dim = _dim_of(call)
+def _stable(x, dim, keep_empty=False):
+    """exp(x - max) / sum along dim; with keep_empty, an all -inf slice gives zeros."""
+    m = x.amax(dim, keepdim=True)
+    if keep_empty:
+        m = m.nan_to_num(neginf=0.0)
+    e = torch.exp(x - m)
+    s = e.sum(dim, keepdim=True)
+    return e / (s.masked_fill(s == 0, 1.0) if keep_empty else s)
+
+
+def _normalise(e, dim):
+    return e / e.sum(dim, keepdim=True)
+
+
+def _x(call):
+    return call.args[0].double()
+
+
+def _large(call) -> bool:
+    finite = _x(call)[torch.isfinite(_x(call))]
+    return bool(finite.numel() and finite.abs().max() > 80)
+
+
+def _empty_slice(call) -> bool:
+    x = _x(call)
+    return bool((torch.isinf(x) & (x < 0)).all(_dim_of(call)).any())
+
+
+_OVERFLOW = ("exp overflows (or underflows to 0/0) for large inputs: subtract the maximum taken "
+             "along `dim` with keepdim=True (of each slice, not of the whole tensor) before exp")
+
+
+def _softmax_mistakes(call):
+    x, dim = _x(call), _dim_of(call)
+    d = dim % x.dim()
+    wrong_dims = tuple(
+        Mistake(f"the probabilities sum to 1 along dim {other - x.dim()} instead of dim={dim}: use the "
+                "`dim` argument for the max, the exp's sum and the division",
+                lambda c, o=other: _stable(_x(c), o, keep_empty=True))
+        for other in range(x.dim()) if other != d and x.shape[other] > 1)
+    return wrong_dims + (
+        Mistake(_OVERFLOW, lambda c: _normalise(torch.exp(_x(c)), _dim_of(c)), when=_large),
+        Mistake(_OVERFLOW, lambda c: _normalise(torch.exp(_x(c) - _x(c).max()), _dim_of(c)), when=_large),
+        Mistake("a slice that is entirely -inf must give all zeros (like a fully masked attention row), "
+                "not NaN: its maximum is -inf and -inf - (-inf) = NaN, so shift such a slice by 0, and "
+                "divide by 1 where the sum of the exponentials is 0",
+                lambda c: _stable(_x(c), _dim_of(c)), when=_empty_slice),
+        Mistake("the result is not normalised: divide by the sum of the exponentials along `dim`",
+                lambda c: torch.exp(_x(c) - _x(c).amax(_dim_of(c), keepdim=True).nan_to_num(neginf=0.0))),
+    )
+
+
+def _softmax_explain(call, student, expected, mismatch) -> str | None:
     if mismatch.aspect == "error" and ("size of tensor" in mismatch.message or "expand" in mismatch.message):
         return ("the maximum or the sum along `dim` does not broadcast back against x: reduce with "
                 "keepdim=True (x.max(dim, keepdim=True).values, .sum(dim, keepdim=True))")
-    if mismatch.aspect == "nonfinite":
-        finite = x[torch.isfinite(x)]
-        if finite.numel() and finite.abs().max() > 80:
-            return ("exp overflows (or underflows to 0/0) for large inputs: subtract the maximum taken "
-                    "along `dim` with keepdim=True (of each slice, not of the whole tensor) before exp")
-        if (torch.isinf(x) & (x < 0)).all(dim).any():
-            return ("a slice that is entirely -inf must give all zeros (like a fully masked attention "
-                    "row), not NaN: its maximum is -inf and -inf - (-inf) = NaN, so shift such a slice "
-                    "by 0, and divide by 1 where the sum of the exponentials is 0")
-        if torch.isinf(x).any():
-            return ("-inf entries must give probability 0 (exp(-inf) = 0): subtract a finite maximum "
-                    "and leave the -inf entries as they are")
-    if mismatch.aspect != "values" or not student.outputs or student.outputs[0] is None:
-        return None
-    y = student.outputs[0].double()
-    if y.shape != x.shape:
-        return None
+    x = _x(call)
     neg_inf = torch.isinf(x) & (x < 0)
-    if neg_inf.any() and (y[neg_inf] != 0).any():
+    y = student.outputs[0] if student.outputs else None
+    if (mismatch.aspect == "values" and y is not None and y.shape == x.shape and neg_inf.any()
+            and (y.double()[neg_inf] != 0).any()):
         return "-inf entries must get probability exactly 0 (exp(-inf) = 0); do not replace them"
-    d = dim % x.dim()
-    sums = y.sum(d)
-    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-4):
-        for other in range(x.dim()):
-            if other != d and x.shape[other] > 1 and matches(y, torch.softmax(x, other)):
-                return (f"the probabilities sum to 1 along dim {other - x.dim()} instead of dim={dim}: "
-                        "use the `dim` argument for the max, the exp's sum and the division")
-        if matches(y, torch.exp(x - x.amax(d, keepdim=True))):
-            return "the result is not normalised: divide by the sum of the exponentials along `dim`"
-        return f"the probabilities do not sum to 1 along dim={dim}"
     return None
 
 
-def _scores(query, keys):
-    return (keys.double() @ query.double().unsqueeze(-1)).squeeze(-1)  # (..., n)
+def _scores(call):
+    query, keys = call.args[0].double(), call.args[1].double()
+    return (keys @ query.unsqueeze(-1)).squeeze(-1)  # (..., n)
 
 
-def pool_hint(call, student, expected, mismatch) -> str | None:
-    query, keys, values = (a.double() for a in call.args[:3])
-    batched = query.dim() > 1
+def _pool(call, weights):
+    return [(weights.unsqueeze(-2) @ call.args[2].double()).squeeze(-2), weights]
+
+
+def _pool_mistakes(call):
+    raw = _scores(call)
+    batch_axes = tuple(
+        Mistake("the softmax is taken over a batch axis: take it over the keys (dim=-1)",
+                lambda c, a=axis: [None, torch.softmax(_scores(c), a)])
+        for axis in range(raw.dim() - 1) if raw.shape[axis] > 1)
+    return batch_axes + (
+        Mistake("the dot products are scaled by 1/sqrt(d): attention_pool uses the unscaled dot products "
+                "keys · query", lambda c: [None, torch.softmax(_scores(c) / math.sqrt(c.args[0].shape[-1]), -1)]),
+        Mistake("the weights are not normalised: take the softmax of the scores (they must sum to 1 over "
+                "the n keys)", lambda c: [None, _scores(c)]),
+        Mistake("the weights are not normalised: divide the exponentials by their sum over the n keys",
+                lambda c: [None, torch.exp(_scores(c))]),
+        Mistake("exp overflows for large dot products: use a numerically stable softmax (subtract the "
+                "maximum along the keys axis first)",
+                lambda c: [None, _normalise(torch.exp(_scores(c)), -1)]),
+    )
+
+
+def _pool_explain(call, student, expected, mismatch) -> str | None:
+    query, keys, values = call.args[:3]
     if mismatch.aspect == "shape" and mismatch.output == 0 and student.meta and "shape" in student.meta[0]:
         got = student.meta[0]["shape"]
         if got and got[-1] == keys.shape[-1] != values.shape[-1]:
             return ("the output has the keys' feature size d: it is the weighted sum of the values, "
                     "(..., d_v)")
-    if batched and (mismatch.aspect == "shape" or mismatch.about_shapes):
+    if query.dim() > 1 and (mismatch.aspect == "shape" or mismatch.about_shapes):
         return ("this works without batch dimensions but not with them: use keys @ query.unsqueeze(-1) "
                 "(or einsum over the last axis) and weights.unsqueeze(-2) @ values, not .T or fixed "
                 "dimension numbers")
-    if mismatch.aspect == "nonfinite":
-        return ("exp overflows for large dot products: use a numerically stable softmax (subtract the "
-                "maximum along the keys axis first)")
-    if mismatch.aspect != "values" or len(student.outputs) < 2 or student.outputs[1] is None:
-        return None
-    weights = student.outputs[1].double()
-    raw = _scores(query, keys)
-    d = query.shape[-1]
-    candidates = [
-        ("the dot products are scaled by 1/sqrt(d): attention_pool uses the unscaled dot products "
-         "keys · query", torch.softmax(raw / math.sqrt(d), -1)),
-        ("the weights are not normalised: take the softmax of the scores (they must sum to 1 over "
-         "the n keys)", raw),
-        ("the weights are not normalised: divide the exponentials by their sum over the n keys",
-         torch.exp(raw)),
-    ]
-    for axis in range(raw.dim() - 1):
-        if raw.shape[axis] > 1:
-            candidates.append(("the softmax is taken over a batch axis: take it over the keys (dim=-1)",
-                               torch.softmax(raw, axis)))
-    for text, cand in candidates:
-        if matches(weights, cand):
-            return text
-    if mismatch.output == 0 and matches(weights, expected.outputs[1]):
-        return ("the weights are right but the output is not: the output is the weighted sum of the "
-                "values, (weights.unsqueeze(-2) @ values).squeeze(-2)")
     return None
 
 
-def hint(call, student, expected, mismatch):
-    if call.exercise == "softmax":
-        return softmax_hint(call, student, expected, mismatch)
-    if call.exercise == "attention_pool":
-        return pool_hint(call, student, expected, mismatch)
-    return None
+HINTS = {
+    "softmax": Hints(_softmax_mistakes, correct=lambda c: _stable(_x(c), _dim_of(c), keep_empty=True),
+                     explain=_softmax_explain),
+    "attention_pool": Hints(_pool_mistakes, correct=lambda c: _pool(c, torch.softmax(_scores(c), -1)),
+                            explain=_pool_explain,
+                            weights_right="the weights are right but the output is not: the output is the "
+                                          "weighted sum of the values, (weights.unsqueeze(-2) @ values).squeeze(-2)"),
+}

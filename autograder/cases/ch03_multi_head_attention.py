@@ -10,11 +10,12 @@ layer shows.
 Dropout in training mode with p > 0 cannot be compared value for value (the student's random
 stream need not match the reference's), so `dropout_properties` checks what must hold whatever
 the stream: each weight is either dropped (0) or kept and scaled by 1/(1-p), about p of them are
-dropped, and the output is the one those very weights give. It is used by `compare` below, which
-the framework calls for this chapter when it supports chapter comparisons (see `compare`).
+dropped, and the output is the one those very weights give. The chapter's `compare` (which
+`autograder.cases.compare` calls in place of the generic one) applies it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -23,7 +24,8 @@ import torch
 from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import call
+from . import Hints, Mistake, call, hint_tolerance
+from .models import bool_given, given, linear, softmax_weights
 
 DROPOUT_P = 0.5
 
@@ -100,6 +102,8 @@ def _mha_call(name, gen, cls, *, E, H, B=2, Lq=5, Lk=None, inputs="self", bias=T
 
 def _mha_cases(gen, ref, quick):
     cls = ref["MultiHeadAttention"]
+    # The quick cases (the self-check's) cover every rule the exercise states: fully masked rows,
+    # bool and float masks, key/value defaults, bias=False, the ValueError, dropout off in eval mode.
     cs = [
         _mha_call("self-attention (query only), B=2, L=5, E=12, 3 heads, bool mask (L, L) with a "
                   "fully masked row", gen, cls, E=12, H=3, Lq=5, mask=bool_mask(gen, 5, 5, full_rows=1)),
@@ -108,15 +112,20 @@ def _mha_cases(gen, ref, quick):
                   mask=bool_mask(gen, 2, 1, 1, 6, p=0.4, full_rows=0)),
         _mha_call("cross-attention with key only (value defaults to key), L_q = L_k = 6, E=12, 4 heads",
                   gen, cls, E=12, H=4, Lq=6, Lk=6, inputs="key"),
+        _mha_call("additive float mask (B, H, L_q, L_k) with a fully masked (-inf) row, L_q=3, L_k=5",
+                  gen, cls, E=6, H=2, Lq=3, Lk=5, inputs="kv",
+                  mask=float_mask(gen, 2, 2, 3, 5, full_rows=1)),
+        _mha_call("bias=False, cross-attention, L_q=6, L_k=2", gen, cls, E=8, H=2, Lq=6, Lk=2,
+                  inputs="kv", bias=False),
+        call("embed_dim=10, num_heads=4 must raise ValueError", randn(gen, 2, 3, 10),
+             init={"embed_dim": 10, "num_heads": 4}, expect_error="ValueError"),
+        _dropout_probe(gen, cls, train=False),
     ]
     if quick:
         return cs
     return cs + [
         _mha_call("cross-attention with key only, L_q=4 != L_k=7, E=10, 2 heads", gen, cls, E=10, H=2,
                   Lq=4, Lk=7, inputs="key"),
-        _mha_call("additive float mask (B, H, L_q, L_k) with a fully masked (-inf) row, L_q=3, L_k=5",
-                  gen, cls, E=6, H=2, Lq=3, Lk=5, inputs="kv",
-                  mask=float_mask(gen, 2, 2, 3, 5, full_rows=1)),
         _mha_call("bool mask (B, H, L_q, L_k) with several fully masked rows, B=3, 3 heads",
                   gen, cls, E=9, H=3, B=3, Lq=4, Lk=6, inputs="kv",
                   mask=bool_mask(gen, 3, 3, 4, 6, p=0.4, full_rows=3)),
@@ -125,15 +134,10 @@ def _mha_cases(gen, ref, quick):
                   mask=bool_mask(gen, 2, 1, 1, 4, p=0.3, full_rows=1)),
         _mha_call("float mask (L_q, L_k), self-attention, B=3", gen, cls, E=10, H=5, B=3, Lq=4,
                   mask=float_mask(gen, 4, 4)),
-        _mha_call("bias=False, cross-attention, L_q=6, L_k=2", gen, cls, E=8, H=2, Lq=6, Lk=2,
-                  inputs="kv", bias=False),
         _mha_call("one head, E=5 (odd), L_q=1", gen, cls, E=5, H=1, Lq=1, Lk=3, inputs="kv"),
         _mha_call("E=6, 6 heads (d_h=1), B=1", gen, cls, E=6, H=6, B=1, Lq=4, Lk=5, inputs="kv"),
         _mha_call("large inputs (scaled by 30): the softmax must stay finite", gen, cls, E=8, H=2, Lq=4,
                   mask=bool_mask(gen, 4, 4, full_rows=0), scale=30.0),
-        call("embed_dim=10, num_heads=4 must raise ValueError", randn(gen, 2, 3, 10),
-             init={"embed_dim": 10, "num_heads": 4}, expect_error="ValueError"),
-        _dropout_probe(gen, cls, train=False),
         _mha_call("dropout=0.0 in training mode: same as eval", gen, cls, E=8, H=4, Lq=5, Lk=3,
                   inputs="kv", dropout=0.0, train=True),
         _mha_call("float32, cross-attention, bool mask (B, 1, 1, L_k)", gen, cls, E=12, H=3, Lq=4,
@@ -183,14 +187,14 @@ def _mhsa_cases(gen, ref, quick):
         _mhsa_call("B=2, N=5, E=12, 3 heads (d_h=4 != H), bool mask (N, N) with a fully masked row",
                    gen, cls, E=12, H=3, mask=bool_mask(gen, 5, 5, full_rows=1)),
         _mhsa_call("no mask, B=3, N=4, E=8, 2 heads", gen, cls, E=8, H=2, B=3, N=4),
+        _mhsa_call("bias=False, additive float mask (B, H, N, N)", gen, cls, E=8, H=4, N=3, bias=False,
+                   mask=float_mask(gen, 2, 4, 3, 3)),
     ]
     if quick:
         return cs
     return cs + [
         _mhsa_call("bias=False, padding mask (B, 1, 1, N)", gen, cls, E=10, H=2, N=6, bias=False,
                    mask=bool_mask(gen, 2, 1, 1, 6, p=0.4, full_rows=0)),
-        _mhsa_call("additive float mask (B, H, N, N)", gen, cls, E=8, H=4, N=3,
-                   mask=float_mask(gen, 2, 4, 3, 3)),
         _mhsa_call("one head, E=5 (odd), N=1", gen, cls, E=5, H=1, N=1),
         _mhsa_call("float32, E=12, 4 heads", gen, cls, E=12, H=4, N=5,
                    mask=bool_mask(gen, 5, 5, full_rows=0), dtype="float32"),
@@ -214,7 +218,7 @@ def is_dropout_train(call) -> bool:
 def compare(call, student, expected):
     """This chapter's comparison: value for value, except training-mode dropout with p > 0.
 
-    Meant to be called by the grader in place of `autograder.compare.compare` on CPU and CUDA
+    `autograder.cases.compare` calls it in place of `autograder.compare.compare` on CPU and CUDA
     (the meta-device run skips training-mode calls).
     """
     if is_dropout_train(call):
@@ -233,7 +237,7 @@ def _revealed(call, output):
 
 
 def dropout_properties(call, student, expected) -> Mismatch | None:
-    """Grade a training-mode dropout probe (see `_dropout_train_call`) by what holds whatever the
+    """Grade a training-mode dropout probe (see `_dropout_probe`) by what holds whatever the
     random stream, with W the weights before dropout (what the reference returns):
 
     (1) names, shapes, dtypes and devices as the reference's; (2) the returned weights are W
@@ -297,15 +301,8 @@ def _dropout_violation(call, outcome, w_eval) -> Mismatch | None:
 
 
 # ----------------------------------------------------------------------------- hints
-# Plain-torch "mistake models": each recomputes the call with one named mistake; a hint is given
-# only when exactly one model reproduces what the student returned and the mistake-free model
-# reproduces the reference (so the models and the contract agree on this call).
-def _linear(x, st, name):
-    y = x @ st[f"{name}.weight"].T
-    b = st.get(f"{name}.bias")
-    return y if b is None else y + b
-
-
+# Plain-torch mistake models (see autograder.cases.Mistake): each recomputes the call with one
+# named mistake.
 def _split(x, H, order="hd"):
     *lead, L, D = x.shape
     if order == "hd":
@@ -336,16 +333,15 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
     if mask is not None:
         if mask.dtype == torch.bool:
             keep = ~mask if invert else mask
-            s = s.masked_fill(~keep, float("-inf") if full_rows == "zero" else -1e9)
+            s = s.masked_fill(~keep, -1e9 if full_rows == "uniform" else float("-inf"))
         else:
             s = s + mask
-    dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
-    w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
+    w = softmax_weights(s, dim, "zero" if full_rows == "zero" else "softmax")  # "nan", "uniform" (-1e9)
     return w @ v, w
 
 
 def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=False, full_rows="zero",
-               value_default="key", key_default="query", out_proj=True, layout="3hd"):
+               value_default="key", out_proj=True, layout="3hd"):
     st = {k: v.double() for k, v in call.state.items()}
     args = [a.double() for a in call.args]
     mask = call.kwargs.get("mask")
@@ -356,164 +352,121 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
     if call.exercise == "MultiHeadSelfAttention":
         x = args[0]
         B, N, E = x.shape
-        qkv = _linear(x, st, "qkv_proj")
+        qkv = linear(x, st, "qkv_proj")
         if layout == "3hd":
             q, k, v = qkv.view(B, N, 3, H, E // H).permute(2, 0, 3, 1, 4)
         elif layout == "h3d":
             q, k, v = qkv.view(B, N, H, 3, E // H).permute(3, 0, 2, 1, 4)
-        elif layout == "3dh":
+        else:  # "3dh"
             q, k, v = qkv.view(B, N, 3, E // H, H).permute(2, 0, 4, 1, 3)
-        else:
-            raise ValueError(layout)
     else:
         query = args[0]
-        key = args[1] if len(args) > 1 else {"query": query}[key_default]
+        key = args[1] if len(args) > 1 else query
         value = args[2] if len(args) > 2 else {"key": key, "query": query}[value_default]
-        q = _split(_linear(query, st, "q_proj"), H, split)
-        k = _split(_linear(key, st, "k_proj"), H, split)
-        v = _split(_linear(value, st, "v_proj"), H, split)
+        q = _split(linear(query, st, "q_proj"), H, split)
+        k = _split(linear(key, st, "k_proj"), H, split)
+        v = _split(linear(value, st, "v_proj"), H, split)
     o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows)
     o = _merge(o, merge)
-    return [_linear(o, st, "out_proj") if out_proj else o, w]
+    return [linear(o, st, "out_proj") if out_proj else o, w]
 
 
-MHA_MISTAKES = [
-    ("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "
-     "num_heads), so that head h holds features h*d_h to (h+1)*d_h - 1", dict(split="dh", merge="hd")),
-    ("the heads are split and merged in the wrong order: use (..., L, num_heads, d_h), not "
-     "(..., L, d_h, num_heads), in both split and merge", dict(split="dh")),
-    ("the heads are made by reshaping straight to (..., H, L, d_h), which mixes positions: reshape to "
-     "(..., L, H, d_h) and then transpose L and H", dict(split="no-transpose", merge="hd")),
-    ("the weights are right but the output is not: merge the heads back by transposing to "
-     "(B, L, H, d_h) before flattening to (B, L, E)", dict(merge="no-transpose")),
-    ("the weights are right but the output is not: merge the heads in the order (B, L, H, d_h), so "
-     "head h fills features h*d_h to (h+1)*d_h - 1", dict(merge="dh")),
-    ("scores look unscaled: divide q·k by sqrt(d_h) (the per-head dimension) before the softmax",
-     dict(scale="none")),
-    ("scores are divided by sqrt(embed_dim): divide by sqrt(d_h) = sqrt(embed_dim / num_heads)",
-     dict(scale="E")),
-    ("scores are divided by d_h: divide by sqrt(d_h)", dict(scale="d_h^1")),
-    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2)),
-    ("the mask looks inverted: True means 'may attend' (keep), False means masked out",
-     dict(invert=True)),
-    ("a fully masked row should give zero weights and a zero output, not a uniform average "
-     "(-1e9 instead of -inf, or no zeroing after the softmax?)", dict(full_rows="uniform")),
-    ("out_proj is missing: the merged heads go through out_proj", dict(out_proj=False)),
-]
-MHA_DEFAULT_MISTAKES = [
-    ("when value is None it defaults to key (which itself defaults to query), not to query",
-     dict(value_default="query")),
-]
-MHSA_MISTAKES = [
-    ("the fused projection is read as (B, N, H, 3, d_h): its output is laid out (B, N, 3, H, d_h) "
-     "(all queries, then all keys, then all values, as in nn.MultiheadAttention's in_proj_weight)",
-     dict(layout="h3d")),
-    ("the fused projection is read as (B, N, 3, d_h, H): its output is laid out (B, N, 3, H, d_h)",
-     dict(layout="3dh")),
-]
+def _model(**mistake):
+    return functools.partial(_mha_model, **mistake)
 
 
-def _tol(call):
-    """Looser than grading: a mistake changes values at O(1), and the executor loads float64
-    weights through a float32 module (a relative rounding of about 1e-8)."""
-    return (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-5)
+_bool_mask, _has_mask = bool_given("mask"), given("mask")
+
+_FULL_ROWS_NAN = ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
+                  "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
+ATTENTION_MISTAKES = (
+    Mistake("the weights are right but the output is not: merge the heads back by transposing to "
+            "(B, L, H, d_h) before flattening to (B, L, E)", _model(merge="no-transpose")),
+    Mistake("the weights are right but the output is not: merge the heads in the order (B, L, H, d_h), so "
+            "head h fills features h*d_h to (h+1)*d_h - 1", _model(merge="dh")),
+    Mistake("scores look unscaled: divide q·k by sqrt(d_h) (the per-head dimension) before the softmax",
+            _model(scale="none")),
+    Mistake("scores are divided by sqrt(embed_dim): divide by sqrt(d_h) = sqrt(embed_dim / num_heads)",
+            _model(scale="E")),
+    Mistake("scores are divided by d_h: divide by sqrt(d_h)", _model(scale="d_h^1")),
+    Mistake("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", _model(dim=-2)),
+    Mistake("the mask looks inverted: True means 'may attend' (keep), False means masked out",
+            _model(invert=True), when=_bool_mask),
+    Mistake("a fully masked row should give zero weights and a zero output, not a uniform average "
+            "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"), when=_bool_mask),
+    Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_has_mask),
+    Mistake("out_proj is missing: the merged heads go through out_proj", _model(out_proj=False)),
+)
+MHA_MISTAKES = ATTENTION_MISTAKES + (
+    Mistake("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "
+            "num_heads), so that head h holds features h*d_h to (h+1)*d_h - 1", _model(split="dh", merge="hd")),
+    Mistake("the heads are split and merged in the wrong order: use (..., L, num_heads, d_h), not "
+            "(..., L, d_h, num_heads), in both split and merge", _model(split="dh")),
+    Mistake("the heads are made by reshaping straight to (..., H, L, d_h), which mixes positions: reshape to "
+            "(..., L, H, d_h) and then transpose L and H", _model(split="no-transpose", merge="hd")),
+    Mistake("when value is None it defaults to key (which itself defaults to query), not to query",
+            _model(value_default="query"), when=lambda c: len(c.args) < 3),
+)
+MHSA_MISTAKES = ATTENTION_MISTAKES + (
+    Mistake("the fused projection is read as (B, N, H, 3, d_h): its output is laid out (B, N, 3, H, d_h) "
+            "(all queries, then all keys, then all values, as in nn.MultiheadAttention's in_proj_weight)",
+            _model(layout="h3d")),
+    Mistake("the fused projection is read as (B, N, 3, d_h, H): its output is laid out (B, N, 3, H, d_h)",
+            _model(layout="3dh")),
+)
 
 
-def _matches(call, outputs, model) -> bool:
-    rtol, atol = _tol(call)
-    if model is None or len(outputs) != len(model):
-        return False
-    for a, b in zip(outputs, model):
-        if a is None or tuple(a.shape) != tuple(b.shape):
-            return False
-        if not torch.allclose(torch.nan_to_num(a.double()), torch.nan_to_num(b.double()), rtol=rtol, atol=atol):
-            return False
-    return True
+def _split_model(order="hd"):
+    return lambda c: _split(c.args[0].double(), c.args[1], order)
 
 
-def _safe(fn, *a, **kw):
-    try:
-        with torch.no_grad():
-            return fn(*a, **kw)
-    except Exception:
-        return None
+def _merge_model(order="hd"):
+    return lambda c: _merge(c.args[0].double(), order)
 
 
-def _one_match(call, student, expected, model_fn, mistakes) -> str | None:
-    """The hint of the single mistake model that reproduces the student, if exactly one does."""
-    if not _matches(call, expected.outputs, _safe(model_fn, call)):
-        return None  # the mistake-free model does not reproduce the reference here: say nothing
-    found = []
-    for text, kw in mistakes:
-        model = _safe(model_fn, call, **kw)
-        if _matches(call, student.outputs, model) and not _matches(call, expected.outputs, model):
-            found.append(text)
-    return found[0] if len(set(found)) == 1 else None
+def _bias_explain(call, student, mismatch):
+    if (mismatch.aspect == "params" and call.init and call.init.get("bias") is False
+            and any(name.endswith(".bias") for name in student.params or {})):
+        return "with bias=False no layer has a bias: pass bias=bias to every nn.Linear"
+    return None
 
 
-def _split_hint(call, student, expected):
-    x, H = call.args[0].double(), call.args[1]
-    models = [("the heads are split in the wrong order: reshape to (..., L, num_heads, D // num_heads) "
-               "(head h holds features h*d_h to (h+1)*d_h - 1), then transpose L and num_heads", "dh"),
-              ("reshaping straight to (..., num_heads, L, d_h) mixes positions: reshape to "
-               "(..., L, num_heads, d_h), then transpose the L and num_heads axes", "no-transpose")]
-    return _one_match(call, student, expected, lambda c, order="hd": [_split(x, H, order)],
-                      [(t, {"order": o}) for t, o in models])
-
-
-def _merge_hint(call, student, expected):
-    x = call.args[0].double()
-    models = [("the heads are merged without transposing back: transpose (..., H, L, d_h) to "
-               "(..., L, H, d_h), then flatten the last two axes", "no-transpose"),
-              ("the heads are merged in the wrong order: transpose to (..., L, H, d_h) (not "
-               "(..., L, d_h, H)) before flattening, so head h fills features h*d_h onwards", "dh")]
-    return _one_match(call, student, expected, lambda c, order="hd": [_merge(x, order)],
-                      [(t, {"order": o}) for t, o in models])
-
-
-MHSA_OWN_MISTAKES = MHSA_MISTAKES + [(t, kw) for t, kw in MHA_MISTAKES if "split" not in kw]
-
-
-def hint(call, student, expected, mismatch):
+def _mha_explain(call, student, expected, mismatch):
+    if _bias_explain(call, student, mismatch):
+        return _bias_explain(call, student, mismatch)
     if call.expect_error == "ValueError":
         return "raise ValueError in __init__ when embed_dim % num_heads != 0"
-    if mismatch.aspect == "params" and call.exercise == "MultiHeadSelfAttention":
-        if any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
-            return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
-        return None
-    if mismatch.aspect == "nonfinite":
-        return _nan_rows_hint(student, expected)
-    if mismatch.aspect != "values":
-        return None
-    if call.exercise == "split_heads":
-        return _split_hint(call, student, expected)
-    if call.exercise == "merge_heads":
-        return _merge_hint(call, student, expected)
-    if call.exercise == "MultiHeadAttention":
-        mistakes = MHA_MISTAKES + (MHA_DEFAULT_MISTAKES if len(call.args) < 3 else [])
-        found = _one_match(call, student, expected, _mha_model, mistakes)
-        if found is None and is_dropout_probe(call) and not call.train and _dropped_in_eval(call, student, expected):
-            return ("dropout acts in eval mode too: use F.dropout(weights, p, training=self.training) "
-                    "or an nn.Dropout layer (module.eval() turns it off)")
-        return found
-    if call.exercise == "MultiHeadSelfAttention":
-        return _one_match(call, student, expected, _mha_model, MHSA_OWN_MISTAKES)
+    if is_dropout_probe(call) and not call.train and mismatch.aspect == "values" \
+            and _dropped_in_eval(call, student, expected):
+        return ("dropout acts in eval mode too: use F.dropout(weights, p, training=self.training) "
+                "or an nn.Dropout layer (module.eval() turns it off)")
     return None
 
 
-def _nan_rows_hint(student, expected):
-    """NaN exactly where the reference has fully masked query rows (all-zero weights)."""
-    if len(student.outputs) < 2 or len(expected.outputs) < 2 or student.outputs[1] is None:
-        return None
-    w_s, w_e = student.outputs[1], expected.outputs[1]
-    if w_s.shape != w_e.shape:
-        return None
-    dead = (w_e == 0).all(-1)                      # (B, H, L_q)
-    nan_rows = torch.isnan(w_s).any(-1)
-    if dead.any() and nan_rows.any() and not (nan_rows & ~dead).any():
-        return ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
-                "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
+def _mhsa_explain(call, student, expected, mismatch):
+    if _bias_explain(call, student, mismatch):
+        return _bias_explain(call, student, mismatch)
+    if mismatch.aspect == "params" and any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
+        return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
     return None
+
+
+HINTS = {
+    "split_heads": Hints((
+        Mistake("the heads are split in the wrong order: reshape to (..., L, num_heads, D // num_heads) "
+                "(head h holds features h*d_h to (h+1)*d_h - 1), then transpose L and num_heads", _split_model("dh")),
+        Mistake("reshaping straight to (..., num_heads, L, d_h) mixes positions: reshape to "
+                "(..., L, num_heads, d_h), then transpose the L and num_heads axes", _split_model("no-transpose")),
+    ), correct=_split_model()),
+    "merge_heads": Hints((
+        Mistake("the heads are merged without transposing back: transpose (..., H, L, d_h) to "
+                "(..., L, H, d_h), then flatten the last two axes", _merge_model("no-transpose")),
+        Mistake("the heads are merged in the wrong order: transpose to (..., L, H, d_h) (not "
+                "(..., L, d_h, H)) before flattening, so head h fills features h*d_h onwards", _merge_model("dh")),
+    ), correct=_merge_model()),
+    "MultiHeadAttention": Hints(MHA_MISTAKES, correct=_mha_model, explain=_mha_explain),
+    "MultiHeadSelfAttention": Hints(MHSA_MISTAKES, correct=_mha_model, explain=_mhsa_explain),
+}
 
 
 def _dropped_in_eval(call, student, expected) -> bool:
@@ -522,6 +475,7 @@ def _dropped_in_eval(call, student, expected) -> bool:
         return False
     used, _ = _revealed(call, student.outputs[0])
     w_e = expected.outputs[1].double()
-    dropped = used.abs() <= 1e-5
-    kept = torch.isclose(used, w_e / (1 - _dropout_p(call)), rtol=1e-4, atol=1e-5)
+    rtol, atol = hint_tolerance(call.dtype)
+    dropped = used.abs() <= atol
+    kept = torch.isclose(used, w_e / (1 - _dropout_p(call)), rtol=rtol, atol=atol)
     return bool((dropped | kept).all() and dropped[w_e > 1e-6].any())

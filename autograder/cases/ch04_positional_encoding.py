@@ -13,15 +13,12 @@ equally good float32 formula.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from ..inputs import distinct_state, randn
-from . import call, matches
-
-_matches = functools.partial(matches, atol=1e-5)  # this chapter's mistake models use atol 1e-5
+from . import Hints, Mistake, call
 
 
 def cases(exercise, gen, ref, quick):
@@ -62,12 +59,12 @@ def _sinusoidal_module_cases(gen, quick):
              init={"d_model": 8, "max_len": 20}, **f32),
         call("L > max_len raises ValueError (x (1, 11, 4), max_len=10)", randn(gen, 1, 11, 4),
              init={"d_model": 4, "max_len": 10}, expect_error="ValueError"),
+        call("L == max_len works (x (3, 16, 6), max_len=16)", randn(gen, 3, 16, 6),
+             init={"d_model": 6, "max_len": 16}, **f32),
     ]
     if quick:
         return cs
     return cs + [
-        call("L == max_len works (x (3, 16, 6), max_len=16)", randn(gen, 3, 16, 6),
-             init={"d_model": 6, "max_len": 16}, **f32),
         call("default max_len, d_model=12, x (1, 7, 12)", randn(gen, 1, 7, 12),
              init={"d_model": 12}, **f32),
         call("d_model=16, max_len=40, x (4, 1, 16) (L = 1)", randn(gen, 4, 1, 16),
@@ -93,11 +90,11 @@ def _learned_cases(gen, ref, quick):
         case("max_len=10, d_model=6, x (2, 7, 6)", 10, 6, (2, 7, 6)),
         case("L > max_len raises ValueError (x (2, 9, 4), max_len=8)", 8, 4, (2, 9, 4),
              expect_error="ValueError", grad=[]),
+        case("L == max_len works (x (1, 10, 4), max_len=10)", 10, 4, (1, 10, 4)),
     ]
     if quick:
         return cs
     return cs + [
-        case("L == max_len works (x (1, 10, 4), max_len=10)", 10, 4, (1, 10, 4)),
         case("x (3, 1, 5) (L = 1), max_len=12", 12, 5, (3, 1, 5)),
         case("max_len=50, d_model=16, x (4, 13, 16)", 50, 16, (4, 13, 16)),
         case("float32 keeps float32, x (2, 6, 8)", 20, 8, (2, 6, 8), dtype="float32"),
@@ -159,7 +156,17 @@ _TABLE_MISTAKES = [
 ]
 
 
-def table_hint(call, student, expected, mismatch):
+def _length_hint(call, student, mismatch):
+    """The ValueError is missing, or raised for L == max_len too."""
+    if mismatch.aspect == "expected-error":
+        return ("check the sequence length first: raise ValueError when x.shape[1] > max_len "
+                "(x.shape[1] == max_len is allowed)")
+    if mismatch.aspect == "error" and mismatch.message.startswith("ValueError"):
+        return "L == max_len is allowed: raise ValueError only when L > max_len (use >, not >=)"
+    return None
+
+
+def _table_explain(call, student, expected, mismatch):
     max_len, d_model = _table_args(call)
     if mismatch.aspect == "shape" and student.meta and "shape" in student.meta[0]:
         shape = tuple(student.meta[0]["shape"])
@@ -176,83 +183,46 @@ def table_hint(call, student, expected, mismatch):
     if mismatch.aspect == "dtype":
         return ("the table must have torch's default dtype (torch.get_default_dtype()): do not fix "
                 "dtype=torch.float32 or go through numpy")
-    if mismatch.aspect == "values" and student.outputs and student.outputs[0] is not None:
-        return _which_table_mistake(student.outputs[0], max_len, d_model) or _precision_hint(call, mismatch)
     return None
 
 
-def _which_table_mistake(table, max_len, d_model):
-    """The mistake whose table matches `table` ((..., max_len, d_model), broadcast over ...)."""
-    for kw, text in _TABLE_MISTAKES:
-        if _matches(table, _table(max_len, d_model, **kw).expand_as(table)):
-            return text
-    return None
+def _x(call):
+    return call.args[0].double()
 
 
-_LENGTH = ("check the sequence length first: raise ValueError when x.shape[1] > max_len "
-           "(x.shape[1] == max_len is allowed)")
+def _with_table(kw, fn=lambda x, pe: x + pe, offset=0):
+    """The module's output x + pe[:L] with the table built with mistake `kw` (and positions
+    starting at `offset`), combined with x by `fn`."""
+    def model(call):
+        x = _x(call)
+        L, d_model = x.shape[-2], x.shape[-1]
+        return fn(x, _table(L + offset, d_model, **kw)[offset:])
+    return model
 
 
-def _length_hint(call, student, mismatch):
-    """The ValueError is missing, or raised for L == max_len too."""
-    if mismatch.aspect == "expected-error":
-        unfinished = student.error and student.error.get("type") == "NotImplementedError"
-        return None if unfinished else _LENGTH
-    if mismatch.aspect == "error" and mismatch.message.startswith("ValueError"):
-        return "L == max_len is allowed: raise ValueError only when L > max_len (use >, not >=)"
-    return None
-
-
-def _precision_hint(call, mismatch):
-    if (mismatch.aspect in ("values", "grads") and call.dtype == "float64" and mismatch.max_abs is not None
-            and mismatch.max_abs < 1e-4):
-        return ("the values are off by rounding errors only (float32 precision in a float64 call): "
-                "compute positions and angles in the input's dtype (or float64), not float32")
-    return None
-
-
-def sinusoidal_module_hint(call, student, expected, mismatch):
+def _sinusoidal_module_explain(call, student, expected, mismatch):
     if mismatch.aspect == "params":
         if "no parameter or buffer named pe" in mismatch.message:
             return ("keep the table as a buffer: self.register_buffer('pe', table) in __init__ (so "
                     ".to(device) moves it and it is not a trainable parameter)")
         return ("the buffer `pe` must be the (max_len, d_model) table itself, as "
                 "sinusoidal_positional_encoding(max_len, d_model) returns it")
-    h = _length_hint(call, student, mismatch)
-    if h:
-        return h
-    if mismatch.aspect == "values" and student.outputs and student.outputs[0] is not None:
-        x = call.args[0].double()
-        out = student.outputs[0].double()
-        L, d_model = x.shape[-2], x.shape[-1]
-        if _matches(out, _table(L, d_model).expand_as(out)):
-            return "forward returns the table alone: return x + pe[:L]"
-        if _matches(out - x * math.sqrt(d_model), _table(L, d_model).expand_as(out)):
-            return "x is scaled by sqrt(d_model): forward returns x + pe[:L], x unscaled"
-        found = _which_table_mistake(out - x, L, d_model)
-        if found:
-            return found
-        if _matches(out - x, _table(L + 1, d_model)[1:].expand_as(out)):
-            return "positions start at 0: add pe[:L], the rows 0 … L-1"
-    return None
+    return _length_hint(call, student, mismatch)
 
 
-def learned_hint(call, student, expected, mismatch):
+def _learned_explain(call, student, expected, mismatch):
     h = _length_hint(call, student, mismatch)
     if h:
         return h
     if mismatch.aspect == "params":
         return "the module needs exactly one layer, embedding = nn.Embedding(max_len, d_model)"
-    if mismatch.aspect == "values" and student.outputs and student.outputs[0] is not None and call.state:
-        x = call.args[0].double()
-        out = student.outputs[0].double()
-        weight = call.state["embedding.weight"].double()
-        L = x.shape[-2]
-        if _matches(out, weight[:L].expand_as(out)):
-            return "forward returns the embedding alone: return x + embedding(positions)"
-        if L + 1 <= weight.shape[0] and _matches(out, x + weight[1:L + 1]):
-            return "positions start at 0: embed torch.arange(L) (0 … L-1), not 1 … L"
     return None
+
+
+def _embedding(call, offset=0):
+    x = _x(call)
+    L = x.shape[-2]
+    return call.state["embedding.weight"].double()[offset:L + offset]
 
 
 def _rope(x, base=10000.0, *, halves=False, sign=1.0, exponent="2i", repeat=False, offset=0):
@@ -281,39 +251,45 @@ def _rope_base(call):
     return float(call.args[1]) if len(call.args) > 1 else 10000.0
 
 
-def rope_hint(call, student, expected, mismatch):
-    x = call.args[0]
-    if x.dim() > 2 and (mismatch.aspect == "shape" or mismatch.about_shapes):
+def _rope_model(**kw):
+    return lambda c: _rope(c.args[0], _rope_base(c), **kw)
+
+
+def _rope_explain(call, student, expected, mismatch):
+    if call.args[0].dim() > 2 and (mismatch.aspect == "shape" or mismatch.about_shapes):
         return ("this fails with leading batch dimensions: positions index the second-to-last axis "
                 "(L = x.shape[-2]) and pairs the last one; use ... indexing (x[..., 0::2])")
-    if mismatch.aspect == "grads":
-        return _precision_hint(call, mismatch)
-    if mismatch.aspect != "values" or not student.outputs or student.outputs[0] is None:
-        return None
-    y = student.outputs[0]
-    base = _rope_base(call)
-    mistakes = [
-        ({"halves": True}, "the first half is rotated against the second half (GPT-NeoX style); the "
-                           "contract rotates interleaved pairs (x[..., 2i], x[..., 2i+1])"),
-        ({"sign": -1.0}, "the rotation goes the wrong way: (x0, x1) becomes "
-                         "(x0 cos θ − x1 sin θ, x0 sin θ + x1 cos θ)"),
-        ({"exponent": "i"}, "the frequency exponent is i/d: the pair i rotates by p · base^(-2i/d)"),
-        ({"repeat": True}, "the two entries of a pair must share one angle: expand the d/2 angles with "
-                           "repeat_interleave(2), not repeat(2)"),
-        ({"offset": 1}, "positions start at 0 (the first row is not rotated), not at 1"),
-    ]
-    for kw, text in mistakes:
-        if _matches(y, _rope(x, base, **kw)):
-            return text
-    if base != 10000.0 and _matches(y, _rope(x, 10000.0)):
-        return "the `base` argument is ignored: the angle of pair i is p · base^(-2i/d)"
-    return _precision_hint(call, mismatch)
+    return None
 
 
-def hint(call, student, expected, mismatch):
-    return {
-        "sinusoidal_positional_encoding": table_hint,
-        "SinusoidalPositionalEncoding": sinusoidal_module_hint,
-        "LearnedPositionalEmbedding": learned_hint,
-        "apply_rotary_embedding": rope_hint,
-    }[call.exercise](call, student, expected, mismatch)
+HINTS = {
+    "sinusoidal_positional_encoding": Hints(
+        tuple(Mistake(text, lambda c, kw=kw: _table(*_table_args(c), **kw)) for kw, text in _TABLE_MISTAKES),
+        correct=lambda c: _table(*_table_args(c)), explain=_table_explain),
+    "SinusoidalPositionalEncoding": Hints(
+        tuple(Mistake(text, _with_table(kw)) for kw, text in _TABLE_MISTAKES) + (
+            Mistake("forward returns the table alone: return x + pe[:L]",
+                    _with_table({}, lambda x, pe: pe.expand_as(x))),
+            Mistake("x is scaled by sqrt(d_model): forward returns x + pe[:L], x unscaled",
+                    _with_table({}, lambda x, pe: x * math.sqrt(x.shape[-1]) + pe)),
+            Mistake("positions start at 0: add pe[:L], the rows 0 … L-1", _with_table({}, offset=1)),
+        ), correct=_with_table({}), explain=_sinusoidal_module_explain),
+    "LearnedPositionalEmbedding": Hints((
+        Mistake("forward returns the embedding alone: return x + embedding(positions)",
+                lambda c: _embedding(c).expand_as(c.args[0])),
+        Mistake("positions start at 0: embed torch.arange(L) (0 … L-1), not 1 … L",
+                lambda c: _x(c) + _embedding(c, offset=1)),
+    ), correct=lambda c: _x(c) + _embedding(c), explain=_learned_explain),
+    "apply_rotary_embedding": Hints((
+        Mistake("the first half is rotated against the second half (GPT-NeoX style); the contract rotates "
+                "interleaved pairs (x[..., 2i], x[..., 2i+1])", _rope_model(halves=True)),
+        Mistake("the rotation goes the wrong way: (x0, x1) becomes (x0 cos θ − x1 sin θ, x0 sin θ + x1 cos θ)",
+                _rope_model(sign=-1.0)),
+        Mistake("the frequency exponent is i/d: the pair i rotates by p · base^(-2i/d)", _rope_model(exponent="i")),
+        Mistake("the two entries of a pair must share one angle: expand the d/2 angles with "
+                "repeat_interleave(2), not repeat(2)", _rope_model(repeat=True)),
+        Mistake("positions start at 0 (the first row is not rotated), not at 1", _rope_model(offset=1)),
+        Mistake("the `base` argument is ignored: the angle of pair i is p · base^(-2i/d)",
+                lambda c: _rope(c.args[0], 10000.0), when=lambda c: _rope_base(c) != 10000.0),
+    ), correct=_rope_model(), explain=_rope_explain),
+}

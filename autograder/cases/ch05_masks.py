@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import call
+from . import Hints, Mistake, call
 
 DEVICE = "$device"
 
@@ -60,14 +60,14 @@ def _token_cases(gen, quick, name):
              tokens(gen, 2, 6, [[], [4, 5]])),
         call("pad_id=1 (0 is an ordinary token), tokens (3, 5), padding at the end",
              tokens(gen, 3, 5, [[3, 4], [], [2, 3, 4]], pad_id=1), kwargs={"pad_id": 1}),
+        call("left padding and padding in the middle, tokens (2, 7)",
+             tokens(gen, 2, 7, [[0, 1, 2], [3, 5]])),
     ]
     if quick:
         return cs
     return cs + [
         call("a row without padding and a row of padding only, tokens (3, 4)",
              tokens(gen, 3, 4, [[], [0, 1, 2, 3], [3]])),
-        call("left padding and padding in the middle, tokens (2, 7)",
-             tokens(gen, 2, 7, [[0, 1, 2], [3, 5]])),
         call("pad_id=5 given positionally, tokens (2, 6)",
              tokens(gen, 2, 6, [[5], [1, 4, 5]], pad_id=5), 5),
         call("B = 1, L = 1, one real token", tokens(gen, 1, 1, [[]])),
@@ -90,115 +90,94 @@ def _shape(student):
     return None
 
 
-def _student_mask(student):
-    if not student.outputs or student.outputs[0] is None:
-        return None
-    return student.outputs[0]
-
-
-def _same(a, b) -> bool:
-    return a is not None and tuple(a.shape) == tuple(b.shape) and bool((a.bool() == b).all())
-
-
 _DTYPE = ("return a boolean mask (dtype=torch.bool), True where attention is allowed: not 0/1 "
           "integers and not an additive 0/-inf float mask")
 
 
-def causal_hint(call, student, expected, mismatch):
+def _tril(L, diagonal=0):
+    return torch.tril(torch.ones(L, L, dtype=torch.bool), diagonal)
+
+
+def _causal_explain(call, student, expected, mismatch):
     if mismatch.aspect == "dtype":
         return _DTYPE
     if mismatch.aspect == "device":
         return "create the mask on the requested device: torch.ones(L, L, dtype=torch.bool, device=device)"
-    got = _student_mask(student)
-    if mismatch.aspect != "values" or got is None:
+    return None
+
+
+def _form_explain(want, how: str):
+    """The hint for a token mask of the wrong dtype or shape (want(B, L) is the right shape)."""
+    def explain(call, student, expected, mismatch):
+        if mismatch.aspect == "dtype":
+            return _DTYPE
+        shape = _shape(student)
+        if mismatch.aspect == "shape" and shape is not None and shape != want(*call.args[0].shape):
+            return f"the mask has shape {shape}; it must be {how}"
         return None
-    L = int(call.args[0])
-    ones = torch.ones(L, L, dtype=torch.bool)
-    lower = torch.tril(ones)
-    if _same(got, ~lower):
-        return ("the mask is inverted: True means 'may attend', so True on and below the diagonal "
-                "(torch.tril), False above it")
-    if _same(got, torch.triu(ones)):
-        return ("the upper triangle is True: a query may attend to itself and to earlier keys, so use "
-                "the lower triangle (torch.tril)")
-    if _same(got, torch.tril(ones, diagonal=-1)):
-        return "the diagonal must be True: each position may attend to itself (torch.tril with diagonal=0)"
-    return None
+    return explain
 
 
-def _padding(tokens, pad_id):
-    return (tokens != pad_id)[:, None, None, :]   # (B, 1, 1, L)
+def _decoder(how):
+    """decoder_mask with the parts combined by how(key_pad (B,1,1,L), query_pad (B,1,L,1),
+    causal (L, L), tokens), expanded to (B, 1, L, L)."""
+    def model(call):
+        tok = call.args[0]
+        B, L = tok.shape
+        keep = tok != _pad_id(call)
+        return how(keep[:, None, None, :], keep[:, None, :, None], _tril(L), tok).expand(B, 1, L, L)
+    return model
 
 
-def _form_hint(student, mismatch, want: tuple, how: str) -> str | None:
-    """The hint for a token mask of the wrong dtype or shape; None when neither is the problem."""
-    if mismatch.aspect == "dtype":
-        return _DTYPE
-    shape = _shape(student)
-    if mismatch.aspect == "shape" and shape is not None and shape != want:
-        return f"the mask has shape {shape}; it must be {how}"
-    return None
+_ON_QUERIES = _decoder(lambda k, q, c, t: q & c)
+_ON_BOTH = _decoder(lambda k, q, c, t: q & k & c)
 
 
-def padding_hint(call, student, expected, mismatch):
-    tok = call.args[0]
-    B, L = tok.shape
-    pad_id = _pad_id(call)
-    form = _form_hint(student, mismatch, (B, 1, 1, L), "(B, 1, 1, L) so it broadcasts over heads and "
-                      "query positions: (tokens != pad_id)[:, None, None, :]")
-    got = _student_mask(student)
-    if form or mismatch.aspect != "values" or got is None:
-        return form
-    right = _padding(tok, pad_id)
-    if _same(got, ~right):
-        return "the mask is inverted: True where the token is NOT padding (True = may attend)"
-    if pad_id != 0 and _same(got, _padding(tok, 0)):
-        return "the pad_id argument is ignored: compare the tokens with pad_id, not with 0"
-    return None
+def _left_padding(call) -> bool:
+    """Whether masking padded query rows and masking padded queries instead of keys differ here
+    (they do not with right padding only)."""
+    return not torch.equal(_ON_QUERIES(call), _ON_BOTH(call))
 
 
-def decoder_hint(call, student, expected, mismatch):
-    tok = call.args[0]
-    B, L = tok.shape
-    pad_id = _pad_id(call)
-    form = _form_hint(student, mismatch, (B, 1, L, L), "(B, 1, L, L): padding_mask (B, 1, 1, L) & "
-                      "causal_mask (L, L) broadcast to it")
-    got = _student_mask(student)
-    if form or mismatch.aspect != "values" or got is None:
-        return form
-    keep = tok != pad_id                                   # (B, L)
-    causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
-    key_pad = keep[:, None, None, :]                       # (B, 1, 1, L)
-    query_pad = keep[:, None, :, None]                     # (B, 1, L, 1)
-    shape = (B, 1, L, L)
+HINTS = {
+    "causal_mask": Hints((
+        Mistake("the mask is inverted: True means 'may attend', so True on and below the diagonal "
+                "(torch.tril), False above it", lambda c: ~_tril(int(c.args[0]))),
+        Mistake("the upper triangle is True: a query may attend to itself and to earlier keys, so use "
+                "the lower triangle (torch.tril)", lambda c: _tril(int(c.args[0])).T),
+        Mistake("the diagonal must be True: each position may attend to itself (torch.tril with diagonal=0)",
+                lambda c: _tril(int(c.args[0]), -1)),
+    ), correct=lambda c: _tril(int(c.args[0])), explain=_causal_explain),
+    "padding_mask": Hints((
+        Mistake("the mask is inverted: True where the token is NOT padding (True = may attend)",
+                lambda c: (c.args[0] == _pad_id(c))[:, None, None, :]),
+        Mistake("the pad_id argument is ignored: compare the tokens with pad_id, not with 0",
+                lambda c: (c.args[0] != 0)[:, None, None, :], when=lambda c: _pad_id(c) != 0),
+    ), correct=lambda c: (c.args[0] != _pad_id(c))[:, None, None, :],
+        explain=_form_explain(lambda B, L: (B, 1, 1, L), "(B, 1, 1, L) so it broadcasts over heads and "
+                              "query positions: (tokens != pad_id)[:, None, None, :]")),
     # With right padding, masking padded query rows and masking padded queries instead of keys
-    # give the same mask; the first message is true of both.
-    mistakes = [
-        ((key_pad | causal).expand(shape),
-         "the masks are combined with OR: a key must be both real and not in the future, so use AND (&)"),
-        (~(key_pad & causal).expand(shape), "the mask is inverted: True means 'may attend'"),
-        (causal.expand(shape), "the padding is missing: AND the causal mask with padding_mask(tokens, pad_id)"),
-        (key_pad.expand(shape), "the causal part is missing: AND the padding mask with causal_mask(L)"),
-        ((query_pad & key_pad & causal).expand(shape),
-         "padded query rows are masked too: the padding masks the keys (last axis) only, "
-         "padding_mask (B, 1, 1, L) & causal_mask (L, L)"),
-        ((query_pad & causal).expand(shape),
-         "the padding is applied to the query rows instead of the key columns: padding_mask is "
-         "(B, 1, 1, L), masking keys (the last axis)"),
-        ((key_pad & torch.triu(torch.ones(L, L, dtype=torch.bool))).expand(shape),
-         "the causal part is the upper triangle: a query may attend to itself and earlier keys (torch.tril)"),
-        ((key_pad & torch.tril(torch.ones(L, L, dtype=torch.bool), -1)).expand(shape),
-         "the diagonal of the causal part must be True: each position may attend to itself"),
-    ]
-    if pad_id != 0:
-        mistakes.append((((tok != 0)[:, None, None, :] & causal).expand(shape),
-                         "the pad_id argument is ignored: compare the tokens with pad_id, not with 0"))
-    for cand, text in mistakes:
-        if _same(got, cand):
-            return text
-    return None
-
-
-def hint(call, student, expected, mismatch):
-    return {"causal_mask": causal_hint, "padding_mask": padding_hint,
-            "decoder_mask": decoder_hint}[call.exercise](call, student, expected, mismatch)
+    # give the same mask: the first message is true of both, the second is looked for only where
+    # they differ.
+    "decoder_mask": Hints((
+        Mistake("the masks are combined with OR: a key must be both real and not in the future, so use AND (&)",
+                _decoder(lambda k, q, c, t: k | c)),
+        Mistake("the mask is inverted: True means 'may attend'", _decoder(lambda k, q, c, t: ~(k & c))),
+        Mistake("the padding is missing: AND the causal mask with padding_mask(tokens, pad_id)",
+                _decoder(lambda k, q, c, t: c.expand(k.shape[0], 1, *c.shape))),
+        Mistake("the causal part is missing: AND the padding mask with causal_mask(L)",
+                _decoder(lambda k, q, c, t: k.expand(-1, -1, c.shape[0], -1))),
+        Mistake("padded query rows are masked too: the padding masks the keys (last axis) only, "
+                "padding_mask (B, 1, 1, L) & causal_mask (L, L)", _ON_BOTH),
+        Mistake("the padding is applied to the query rows instead of the key columns: padding_mask is "
+                "(B, 1, 1, L), masking keys (the last axis)", _ON_QUERIES, when=_left_padding),
+        Mistake("the causal part is the upper triangle: a query may attend to itself and earlier keys (torch.tril)",
+                _decoder(lambda k, q, c, t: k & c.T)),
+        Mistake("the diagonal of the causal part must be True: each position may attend to itself",
+                _decoder(lambda k, q, c, t: k & torch.tril(c, -1))),
+        Mistake("the pad_id argument is ignored: compare the tokens with pad_id, not with 0",
+                _decoder(lambda k, q, c, t: (t != 0)[:, None, None, :] & c), when=lambda c: _pad_id(c) != 0),
+    ), correct=_decoder(lambda k, q, c, t: k & c),
+        explain=_form_explain(lambda B, L: (B, 1, L, L), "(B, 1, L, L): padding_mask (B, 1, 1, L) & "
+                              "causal_mask (L, L) broadcast to it")),
+}

@@ -10,13 +10,14 @@ included, so gating matters; global attention is graded with gated=True (AlphaFo
 """
 from __future__ import annotations
 
+import functools
 import math
-import re
 
 import torch
 
 from ..inputs import distinct_state, randn
-from . import call
+from . import Hints, Mistake, call
+from .models import given, linear, softmax_weights
 
 
 def cases(exercise, gen, ref, quick):
@@ -113,6 +114,12 @@ def _forward_cases(gen, cls, quick):
         _forward_call("global gated attention along the columns (attn_dim=-3), x (B=2, S=5, R=3, c_in=6), "
                       "4 heads x c=2, attention_mask (B, R, S)", gen, cls, c_in=6, c=2, N_head=4, attn_dim=-3,
                       x_shape=(2, 5, 3), gated=True, is_global=True, mask=_mask(gen, 2, 3, 5)),
+        _forward_call("attention_mask (B, S, R) with fully masked rows: zero weights", gen, cls, c_in=6, c=4,
+                      N_head=2, attn_dim=-2, x_shape=(2, 3, 5), gated=True,
+                      mask=_mask(gen, 2, 3, 5, dead=2)),
+        _forward_call("column attention with N_seq = N_res = 4: boolean attention_mask (B, R, S), its "
+                      "attention axis last", gen, cls, c_in=5, c=3, N_head=2, attn_dim=-3, x_shape=(2, 4, 4),
+                      mask=_mask(gen, 2, 4, 4, p=0.5, as_bool=True)),
     ]
     if quick:
         return cs
@@ -125,9 +132,6 @@ def _forward_cases(gen, cls, quick):
                       c=2, N_head=3, attn_dim=-2, x_shape=(3, 3, 4), bias_shape=(3, 3, 4, 4)),
         _forward_call("extra batch axes: x (2, 2, S=3, R=4, c_in=5), bias (2, N_head, R, R)", gen, cls,
                       c_in=5, c=3, N_head=2, attn_dim=-2, x_shape=(2, 2, 3, 4), bias_shape=(2, 2, 4, 4)),
-        _forward_call("attention_mask (B, S, R) with fully masked rows: zero weights", gen, cls, c_in=6, c=4,
-                      N_head=2, attn_dim=-2, x_shape=(2, 3, 5), gated=True,
-                      mask=_mask(gen, 2, 3, 5, dead=2)),
         _forward_call("boolean attention_mask (B, S, R) and pair bias", gen, cls, c_in=6, c=3, N_head=3,
                       attn_dim=-2, x_shape=(2, 3, 4), bias_shape=(2, 3, 4, 4),
                       mask=_mask(gen, 2, 3, 4, as_bool=True)),
@@ -150,16 +154,8 @@ def _forward_cases(gen, cls, quick):
 
 
 # ----------------------------------------------------------------------------- hints
-# Plain-torch "mistake models" of the module: each recomputes the call with one named mistake. A
-# hint is given only when exactly one model reproduces the student's result (values, or the same
-# shapes when the shapes are wrong, or the same broadcasting error) and the mistake-free model
-# reproduces the reference.
-def _linear(x, st, name):
-    y = x @ st[f"{name}.weight"].T
-    b = st.get(f"{name}.bias")
-    return y if b is None else y + b
-
-
+# Plain-torch mistake models (see autograder.cases.Mistake): each recomputes the call with one
+# named mistake.
 def _heads(t, ad, H, c, order="hc", move=True):
     """(*, L, *, H*c) -> (*, H, L, c)."""
     if move:
@@ -195,7 +191,7 @@ def _forward(call, scale="c", gate="sigmoid", bias_align="left", mask_on="keys",
     ad = init["attn_dim"] if attn_dim is None else attn_dim
     x = call.args[0].double()
     bias, mask = call.kwargs.get("bias"), call.kwargs.get("attention_mask")
-    q, k, v = _linear(x, st, "linear_q"), _linear(x, st, "linear_k"), _linear(x, st, "linear_v")
+    q, k, v = linear(x, st, "linear_q"), linear(x, st, "linear_k"), linear(x, st, "linear_v")
     q = _heads(q, ad, H, c)
     if init.get("is_global"):
         k, v = k.movedim(ad, -2).unsqueeze(-3), v.movedim(ad, -2).unsqueeze(-3)
@@ -214,139 +210,100 @@ def _forward(call, scale="c", gate="sigmoid", bias_align="left", mask_on="keys",
         m = mask != 0
         if mask_on == "inverted":
             m = ~m
+        if mask_on == "transposed":  # laid out like x, (*, q, k) with the two axes swapped
+            m = m.transpose(-1, -2)
         m = m[..., None, :, None] if mask_on == "queries" else m[..., None, None, :]
         if fill == "offset":  # the worksheet's -1e8 offset: a fully masked row stays a softmax
             s = s + (~m) * -1e8
         else:
             s = s.masked_fill(~m, float("-inf"))
-    dead = torch.isneginf(s).all(-1, keepdim=True)  # queries with no key left
-    w = torch.softmax(s.masked_fill(dead, 0.0), dim=dim).masked_fill(dead, 0.0)
+    w = softmax_weights(s, dim, "softmax" if fill == "nan" else "zero")  # "nan": a plain softmax
     o = w @ v
     if init.get("is_global") and global_mean == "outputs":
         o = o.mean(-2, keepdim=True)
     o = o.transpose(-3, -2).flatten(-2).movedim(-2, ad)
     if init.get("gated"):
-        g = _linear(x, st, "linear_g")
+        g = linear(x, st, "linear_g")
         if gate == "sigmoid":
             o = torch.sigmoid(g) * o
         elif gate == "no-sigmoid":
             o = g * o
         elif gate == "after":
-            return [torch.sigmoid(g) * _linear(o, st, "linear_o")]
-    return [_linear(o, st, "linear_o")]
+            return [torch.sigmoid(g) * linear(o, st, "linear_o")]
+    return [linear(o, st, "linear_o")]
+
+
+def _mistakes(model, table):
+    return tuple(Mistake(text, functools.partial(model, **kw), when) for text, kw, when in table)
+
+
+def _init(name):
+    return lambda c: bool(c.init.get(name))
 
 
 PREPARE_MISTAKES = [
     ("attn_dim is ignored: move the attention axis next to the channels first "
-     "(t.movedim(self.attn_dim, -2))", dict(move=False)),
+     "(t.movedim(self.attn_dim, -2))", dict(move=False), None),
     ("the heads are split in the wrong order: view the channels as (N_head, c), not (c, N_head), so "
-     "head h holds channels h*c to (h+1)*c - 1", dict(order="ch")),
+     "head h holds channels h*c to (h+1)*c - 1", dict(order="ch"), None),
     ("reshaping straight to (*, N_head, q, c) mixes positions: view as (*, q, N_head, c), then "
-     "transpose the q and N_head axes", dict(order="no-transpose")),
+     "transpose the q and N_head axes", dict(order="no-transpose"), None),
     ("k and v are reshaped with the shape of q: each tensor keeps its own length along attn_dim",
-     dict(q_len_for_kv=True)),
+     dict(q_len_for_kv=True), None),
 ]
+_UNSQUEEZE = ("keys and values get their singleton head axis just before the k axis: k.unsqueeze(-3) gives "
+              "(*, 1, k, c), which broadcasts against the N_head query heads")
 GLOBAL_MISTAKES = [
     ("keep the averaged query axis: torch.mean(q, dim=-2, keepdim=True) gives (*, N_head, 1, c)",
-     dict(keepdim=False)),
-    ("the queries are summed: average them over the query axis (torch.mean)", dict(reduce="sum")),
-    ("keys and values get their singleton head axis just before the k axis: k.unsqueeze(-3) gives "
-     "(*, 1, k, c), which broadcasts against the N_head query heads", dict(kv_unsqueeze=-2)),
-    ("keys and values get their singleton head axis just before the k axis: k.unsqueeze(-3) gives "
-     "(*, 1, k, c), which broadcasts against the N_head query heads", dict(kv_unsqueeze=0)),
-]
-FORWARD_MISTAKES = [
-    ("scores are divided by sqrt(c * N_head): divide the queries by sqrt(c), the channels per head",
-     dict(scale="cN")),
-    ("scores look unscaled: divide the queries by sqrt(c) before the dot products", dict(scale="none")),
-    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2)),
-    ("attn_dim is ignored (attention always runs along axis -2): move self.attn_dim next to the "
-     "channels, and back after the heads are merged", dict(attn_dim=-2)),
-]
-BIAS_MISTAKES = [
-    ("the pair bias is broadcast from the right: its leading axes are the leading batch axes of the "
-     "scores, so insert singleton axes after them (bias.view(*bias.shape[:-3], 1, ..., 1, "
-     "*bias.shape[-3:]))", dict(bias_align="right")),
+     dict(keepdim=False), None),
+    ("the queries are summed: average them over the query axis (torch.mean)", dict(reduce="sum"), None),
+    (_UNSQUEEZE, dict(kv_unsqueeze=-2), None),
+    (_UNSQUEEZE, dict(kv_unsqueeze=0), None),
 ]
 _MASK_ON_QUERIES = ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, "
                     "None, :] lines it up with the last (k) axis of the (*, N_head, q, k) scores")
-MASK_MISTAKES = [
-    (_MASK_ON_QUERIES, dict(mask_on="queries")),
-    (_MASK_ON_QUERIES, dict(mask_on="queries", fill="offset")),
+_MASKED = given("attention_mask")
+
+
+def _square(mask) -> bool:
+    """Where a mask in x's layout would broadcast silently (N_seq = N_res); elsewhere it fails
+    loudly, as other mistakes do."""
+    return mask.dim() >= 2 and mask.shape[-1] == mask.shape[-2]
+FORWARD_MISTAKES = [
+    ("scores are divided by sqrt(c * N_head): divide the queries by sqrt(c), the channels per head",
+     dict(scale="cN"), None),
+    ("scores look unscaled: divide the queries by sqrt(c) before the dot products", dict(scale="none"), None),
+    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2), None),
+    ("attn_dim is ignored (attention always runs along axis -2): move self.attn_dim next to the "
+     "channels, and back after the heads are merged", dict(attn_dim=-2), None),
+    ("the pair bias is broadcast from the right: its leading axes are the leading batch axes of the "
+     "scores, so insert singleton axes after them (bias.view(*bias.shape[:-3], 1, ..., 1, "
+     "*bias.shape[-3:]))", dict(bias_align="right"), given("bias")),
+    (_MASK_ON_QUERIES, dict(mask_on="queries"), _MASKED),
+    (_MASK_ON_QUERIES, dict(mask_on="queries", fill="offset"), _MASKED),
     ("the attention_mask looks inverted: keys where it is 0 get no weight, keys where it is 1 are kept",
-     dict(mask_on="inverted")),
+     dict(mask_on="inverted"), _MASKED),
+    ("the attention_mask is read in the wrong layout: it is (*, k), with the attention axis last "
+     "(for column attention (B, N_res, N_seq)); do not move its axes like x's",
+     dict(mask_on="transposed"), lambda c: _MASKED(c) and _square(c.kwargs["attention_mask"])),
     ("a query whose keys are all masked should get zero weights (so its output is linear_o's bias), "
      "not a softmax over masked keys: the -1e8 offset leaves such rows unchanged; use -inf and zero "
-     "the fully masked rows after the softmax", dict(fill="offset")),
-]
-GATE_MISTAKES = [
+     "the fully masked rows after the softmax", dict(fill="offset"), _MASKED),
+    ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows zero "
+     "weights (masked_fill after the softmax), so their output is linear_o's bias", dict(fill="nan"), _MASKED),
     ("the gate is applied after linear_o: multiply the heads' output by sigmoid(linear_g(x)) before "
-     "linear_o", dict(gate="after")),
-    ("the gate needs a sigmoid: multiply by torch.sigmoid(linear_g(x))", dict(gate="no-sigmoid")),
+     "linear_o", dict(gate="after"), _init("gated")),
+    ("the gate needs a sigmoid: multiply by torch.sigmoid(linear_g(x))", dict(gate="no-sigmoid"), _init("gated")),
     ("gating has no effect: with gated=True multiply the heads' output by sigmoid(linear_g(x)) before "
-     "linear_o", dict(gate="none")),
-]
-GLOBAL_FORWARD_MISTAKES = [
+     "linear_o", dict(gate="none"), _init("gated")),
     ("global attention averages the queries (one query per head, prepare_qkv_global), not the "
-     "outputs of every query", dict(global_mean="outputs")),
+     "outputs of every query", dict(global_mean="outputs"), _init("is_global")),
 ]
 
 
-def _tol(call):
-    """Looser than grading: a mistake changes values at O(1), and the executor loads float64
-    weights through a float32 module (a relative rounding of about 1e-8)."""
-    return (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-5)
-
-
-_BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
-                        r"at non-singleton dimension (\d+)")
-
-
-def _error_key(message: str):
-    """A broadcasting error, regardless of the operands' order."""
-    m = _BROADCAST.search(message or "")
-    return (frozenset(m.group(1, 2)), m.group(3)) if m else None
-
-
-def _run(fn, call, kw):
-    """('ok', outputs) or ('error', key) for one mistake model."""
-    try:
-        with torch.no_grad():
-            return "ok", fn(call, **kw)
-    except RuntimeError as e:
-        return "error", _error_key(str(e))
-    except Exception:
-        return "error", None
-
-
-def _same(call, outcome, result, shapes_only) -> bool:
-    kind, value = result
-    if outcome.error:
-        key = _error_key(outcome.error.get("message", ""))
-        return kind == "error" and key is not None and key == value
-    if kind != "ok" or len(outcome.outputs) != len(value):
-        return False
-    rtol, atol = _tol(call)
-    for a, b in zip(outcome.outputs, value):
-        if a is None or tuple(a.shape) != tuple(b.shape):
-            return False
-        if not shapes_only and not torch.allclose(torch.nan_to_num(a.double()), b, rtol=rtol, atol=atol):
-            return False
-    return True
-
-
-def _one_match(call, student, expected, fn, mistakes, shapes_only=False) -> str | None:
-    if not _same(call, expected, _run(fn, call, {}), False):
-        return None  # the mistake-free model does not reproduce the reference here: say nothing
-    found = set()
-    for text, kw in mistakes:
-        result = _run(fn, call, kw)
-        if _same(call, student, result, shapes_only) and not _same(call, expected, result, shapes_only):
-            found.add(text)
-    return found.pop() if len(found) == 1 else None
-
-
-def _params_hint(call, student, expected):
+def _params_explain(call, student, expected, mismatch):
+    if mismatch.aspect != "params":
+        return None
     sp, ep = student.params or {}, expected.params or {}
     init = call.init or {}
     c, H = init.get("c"), init.get("N_head")
@@ -364,41 +321,9 @@ def _params_hint(call, student, expected):
     return None
 
 
-def _nan_rows_hint(call, student):
-    """NaN exactly in the rows whose keys the attention_mask masks entirely."""
-    mask = call.kwargs.get("attention_mask")
-    if mask is None or not student.outputs or student.outputs[0] is None:
-        return None
-    try:
-        out = student.outputs[0].movedim(call.init["attn_dim"], -2)   # (*, q, c_in)
-        nan_rows = torch.isnan(out).any(-1).any(-1)                    # (*,)
-        dead = (mask == 0).all(-1).expand(nan_rows.shape)
-    except Exception:
-        return None
-    if nan_rows.any() and not (nan_rows & ~dead).any():
-        return ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows zero "
-                "weights (masked_fill after the softmax), so their output is linear_o's bias")
-    return None
-
-
-def hint(call, student, expected, mismatch):
-    if mismatch.aspect == "params":
-        return _params_hint(call, student, expected)
-    if mismatch.aspect == "nonfinite":
-        return _nan_rows_hint(call, student)
-    if mismatch.aspect not in ("values", "shape", "error"):
-        return None
-    shapes_only = mismatch.aspect == "shape"
-    if call.exercise in ("prepare_qkv", "prepare_qkv_global"):
-        mistakes = PREPARE_MISTAKES + (GLOBAL_MISTAKES if call.exercise == "prepare_qkv_global" else [])
-        return _one_match(call, student, expected, _prepare, mistakes, shapes_only)
-    mistakes = list(FORWARD_MISTAKES)
-    if call.kwargs.get("bias") is not None:
-        mistakes += BIAS_MISTAKES
-    if call.kwargs.get("attention_mask") is not None:
-        mistakes += MASK_MISTAKES
-    if call.init.get("gated"):
-        mistakes += GATE_MISTAKES
-    if call.init.get("is_global"):
-        mistakes += GLOBAL_FORWARD_MISTAKES
-    return _one_match(call, student, expected, _forward, mistakes, shapes_only)
+HINTS = {
+    "prepare_qkv": Hints(_mistakes(_prepare, PREPARE_MISTAKES), correct=_prepare, explain=_params_explain),
+    "prepare_qkv_global": Hints(_mistakes(_prepare, PREPARE_MISTAKES + GLOBAL_MISTAKES), correct=_prepare,
+                                explain=_params_explain),
+    "MultiHeadAttention": Hints(_mistakes(_forward, FORWARD_MISTAKES), correct=_forward, explain=_params_explain),
+}

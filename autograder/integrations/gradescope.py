@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -18,14 +19,20 @@ from pathlib import Path
 from ..references import REPO_DIR, solutions_dir
 
 SETUP_SH = """#!/usr/bin/env bash
-# Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader.
+# Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader and
+# its dependencies as pyproject.toml pins them.
 set -euo pipefail
 apt-get update -qq && apt-get install -y -qq python3 python3-pip python3-venv bubblewrap >/dev/null
 python3 -m venv /opt/grader-venv
-/opt/grader-venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-/opt/grader-venv/bin/pip install -q nbformat matplotlib tqdm ipython
-/opt/grader-venv/bin/pip install -q --no-deps /autograder/source
+/opt/grader-venv/bin/pip install -q "__TORCH__" --index-url https://download.pytorch.org/whl/cpu
+/opt/grader-venv/bin/pip install -q /autograder/source
 """
+
+
+def torch_requirement() -> str:
+    """The torch pin of pyproject.toml ("torch==X.Y.Z"): its one place."""
+    text = (REPO_DIR / "pyproject.toml").read_text()
+    return re.search(r'"(torch==[^"]+)"', text).group(1)
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Grade /autograder/submission and always write /autograder/results/results.json.
@@ -51,7 +58,7 @@ def build_zip(output, chapters: list[str] | None = None) -> Path:
             info.external_attr = (0o100000 | mode) << 16
             z.writestr(info, text)
 
-        add_text("setup.sh", SETUP_SH)
+        add_text("setup.sh", SETUP_SH.replace("__TORCH__", torch_requirement()))
         add_text("run_autograder", RUN_AUTOGRADER.replace("__CHAPTERS__", ",".join(chapters or [])))
         for f in sorted((REPO_DIR / "autograder").rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:

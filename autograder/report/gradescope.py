@@ -13,7 +13,8 @@ def results_json(result: SubmissionResult) -> dict:
     for ci, ch in enumerate(result.chapters, 1):
         for ti, t in enumerate(ch.tests, 1):
             lines = exercise_lines([t])[1:]
-            detail = [f"{c.case}: {'passed' if c.passed else c.message}" for c in t.cases]
+            detail = [f"{c.case}: {('passed' + (f' ({c.note})' if c.note else '')) if c.passed else c.message}"
+                      for c in t.cases]
             output = "\n".join([l.strip() for l in lines] + ([""] if lines else []) + detail)
             tests.append({
                 "name": f"{ch.chapter} / {t.exercise} ({t.device})",

@@ -71,6 +71,8 @@ def render(result: SubmissionResult) -> str:
                     details.append(f"<img alt='expected vs submitted attention weights' src='{src}'>")
             elif not t.note:
                 details.append(f"all {len(t.cases)} cases passed")
+            for note in sorted({c.note for c in t.cases if c.passed and c.note}):
+                details.append(f"<div class='note'>note: {e(note)}</div>")
             parts.append(f"<tr><td>{e(t.exercise)}</td><td>{e(t.device)}</td>"
                          f"<td class='{cls}'>{t.score:.2f} / {t.max_score:.2f}</td><td>{''.join(details)}</td></tr>")
         parts.append("</table>")

@@ -29,6 +29,8 @@ def exercise_lines(tests: list[TestResult]) -> list[str]:
                 lines.extend(f"        {line}" for line in f.message.splitlines())
                 if f.hint:
                     lines.append(f"      hint: {f.hint}")
+    for note in sorted({c.note for t in tests for c in t.cases if c.passed and c.note}):
+        lines.append(f"      note: {note}")
     return lines
 
 

@@ -1,6 +1,6 @@
 """Sphinx glue for the course book (loaded from _config.yml: sphinx.local_extensions).
 
-Two jobs, both small:
+Five small jobs:
 
 1. The solutions switch. ``course_publish_solutions`` (a Sphinx config value, set in
    _config.yml, default True) decides whether ``solutions/*.ipynb`` are pages of the site.
@@ -18,7 +18,16 @@ Two jobs, both small:
    results, browser tabs and previous/next links could not tell them apart. Where _toc.yml gives
    a title, it becomes the page's title everywhere (the heading inside the page is unchanged).
 
-3. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
+3. No tracebacks on the pages. The exercise pages run the stubs, so their check cells (tagged
+   ``raises-exception``) fail, and a stub called at the top level of a cell raises
+   ``NotImplementedError``. The reader gets a short line instead of a traceback with the build
+   machine's paths: the self-check's own diagnosis (``SelfCheckFailed`` renders itself as its
+   message in IPython) or "not implemented yet".
+
+4. "Try it first": every reference-solution page opens with a note that sends the reader to
+   the exercise first (added here, so the solution notebooks stay code and exercise text only).
+
+5. A notebook download on every notebook page. sphinx-book-theme offers ".ipynb" in its
    download menu only for .ipynb sources (or when Binder/Thebe launch buttons are configured,
    which this offline book does not do). For the MyST Markdown notebooks in book/ we copy the
    notebook that MyST-NB executed (``_build/jupyter_execute/<page>.ipynb``) next to the page
@@ -96,6 +105,61 @@ def apply_toc_titles(app: Sphinx, doctree) -> None:
         app.env.longtitles[docname] = nodes.title(title, title)
 
 
+NOT_IMPLEMENTED = "✗ not implemented yet (the stub raises NotImplementedError)."
+_TRACEBACK_MARKERS = ("Traceback (most recent call last)", "-" * 20, 'File "', "Cell In[")
+
+
+def short_error(traceback: str) -> str:
+    """What the reader sees of a cell's error output: the diagnosis, never a traceback."""
+    lines = [line.rstrip() for line in traceback.splitlines() if line.strip()]
+    if not lines:
+        return NOT_IMPLEMENTED
+    if any(marker in line for line in lines for marker in _TRACEBACK_MARKERS):
+        lines = lines[-1:]  # a full traceback: its last line names the exception
+    text = "\n".join(lines)
+    if text.startswith("NotImplementedError"):
+        return NOT_IMPLEMENTED
+    for prefix in ("SelfCheckFailed: ", "autograder.selfcheck.SelfCheckFailed: "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    return text
+
+
+def shorten_tracebacks(app: Sphinx, doctree) -> None:
+    """Replace every rendered error output (myst-nb: a literal block with the class 'traceback')
+    by a short block without the traceback."""
+    for node in list(doctree.findall(nodes.literal_block)):
+        if "traceback" not in node.get("classes", []):
+            continue
+        text = short_error(node.astext())
+        block = nodes.literal_block(text, text, language="none")
+        block["classes"] += ["output", "course-error"]
+        box = nodes.container(classes=["course-not-implemented"])
+        box += block
+        node.parent.replace(node, box)  # (replace_self would copy the old node's classes)
+
+
+def add_try_it_first(app: Sphinx, doctree) -> None:
+    """Open every solution page with a note: attempt the exercise before reading the solution."""
+    docname = app.env.docname
+    if not _is_solution(docname):
+        return
+    sections = list(doctree.findall(nodes.section))
+    if not sections:
+        return
+    exercise = "../exercises/" + docname.split("/", 1)[1] + ".html"
+    note = nodes.admonition(classes=["tip", "course-try-it-first"])
+    note += nodes.title("", "Try it first")
+    para = nodes.paragraph()
+    para += nodes.Text("These are the reference solutions. You will learn much more by writing the code "
+                       "yourself first: open ")
+    para += nodes.reference("", "the exercise notebook", refuri=exercise, internal=True)
+    para += nodes.Text(", let the self-check cells and the autograder's hints guide you, and come back "
+                       "here to compare once your code passes, or when you are stuck after a real attempt.")
+    note += para
+    sections[0].insert(1, note)
+
+
 def add_notebook_download(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     """Offer the executed .ipynb of a MyST Markdown notebook page in the theme's download menu.
 
@@ -122,5 +186,7 @@ def setup(app: Sphinx) -> dict:
     app.add_config_value("course_publish_solutions", True, "env", [bool])
     app.connect("config-inited", apply_solutions_switch, priority=950)
     app.connect("doctree-read", apply_toc_titles, priority=900)
+    app.connect("doctree-read", shorten_tracebacks)
+    app.connect("doctree-read", add_try_it_first)
     app.connect("html-page-context", add_notebook_download)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -38,7 +38,7 @@ def test_quick_cases_are_few_and_run_on_cpu_and_meta(chapter):
     ref = load_reference(chapter)
     for ex in CHAPTERS[chapter].exercises:
         calls = build_cases(chapter, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
-        assert 2 <= len(calls) <= 3, (ex.name, len(calls))
+        assert 2 <= len(calls) <= 7, (ex.name, len(calls))
         for c in calls:
             assert execute(ref, c).error is None or c.expect_error, (ex.name, c.case)
             if not c.train:

@@ -1,0 +1,27 @@
+"""Shared by every test module.
+
+Test modules are named after what they test: test_<module>.py for autograder/<module>.py
+(test_compare, test_execute, test_grading, test_selfcheck, test_batch, test_wire, ...), and
+test_grading_chNN.py for the cases and hints of autograder/cases/chNN_*.py. Helpers shared by
+the chapter suites are in grading_helpers.py (importable from any test module: this folder is
+put on sys.path here, whatever pytest's import mode).
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+
+@pytest.fixture(autouse=True)
+def default_torch_state():
+    """Every test starts with torch's global defaults and leaves them so (grad mode, default
+    dtype), whatever a test (or a student variant it runs in process) changed."""
+    grad, dtype = torch.is_grad_enabled(), torch.get_default_dtype()
+    yield
+    torch.set_grad_enabled(grad)
+    torch.set_default_dtype(dtype)
