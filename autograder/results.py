@@ -20,6 +20,7 @@ class CaseResult:
     note: str = ""       # on a pass: what was allowed (e.g. compare.FLOAT32_NOTE)
     not_implemented: bool = False  # the code is still the exercise stub
     figure: dict | None = None  # {"expected": [[...]], "submitted": [[...]]} attention weights, for HTML
+    used: list = field(default_factory=list)  # the exercises it builds on that this case's code called
 
 
 @dataclass
