@@ -1,6 +1,7 @@
 """What grading produces: plain dataclasses that every report (text, JSON, HTML, CSV) reads."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,26 @@ class TestResult:
     @property
     def first_failure(self) -> CaseResult | None:
         return next((c for c in self.cases if not c.passed), None)
+
+    @property
+    def best_hint(self) -> tuple[str, int, int] | None:
+        """(hint, how many failing cases give it, how many cases fail): the hint most failing
+        cases share (the first one seen on a tie). The first failing case may combine two
+        mistakes that no single hint names, while later cases name the main one."""
+        failing = [c for c in self.cases if not c.passed]
+        counts = Counter(c.hint for c in failing if c.hint)
+        if not counts:
+            return None
+        hint, n = counts.most_common(1)[0]
+        return hint, n, len(failing)
+
+    def hint_line(self) -> str | None:
+        """"hint (4 of 6 failing cases): ..." for the reports."""
+        best = self.best_hint
+        if best is None:
+            return None
+        hint, n, failing = best
+        return f"hint ({n} of {failing} failing cases): {hint}" if failing > 1 else f"hint: {hint}"
 
 
 @dataclass

@@ -20,7 +20,7 @@ def main() -> int:
         result = grade_in(p.chapter, namespace_of(p.chapter, p.src))
         e = result[p.exercise]
         first = e["first"]
-        hint = first.hint if first is not None else None
+        hint = e["hint"]
         others = [f"{ex} {r['score']:.2f}/{r['max']:g}" for ex, r in result.items()
                   if ex != p.exercise and abs(r["score"] - r["max"]) > 1e-9]
         if p.mistake is None:
