@@ -44,25 +44,17 @@ class TestResult:
     def first_failure(self) -> CaseResult | None:
         return next((c for c in self.cases if not c.passed), None)
 
-    @property
-    def best_hint(self) -> tuple[str, int, int] | None:
-        """(hint, how many failing cases give it, how many cases fail): the hint most failing
-        cases share (the first one seen on a tie). The first failing case may combine two
-        mistakes that no single hint names, while later cases name the main one."""
-        failing = [c for c in self.cases if not c.passed]
-        counts = Counter(c.hint for c in failing if c.hint)
-        if not counts:
-            return None
-        hint, n = counts.most_common(1)[0]
-        return hint, n, len(failing)
+    def hints(self) -> list[tuple[str, int]]:
+        """The distinct hints of the failing cases, with how many cases give each, the most
+        shared first (first seen on a tie). The first failing case may combine two mistakes that
+        no single hint names, while later cases name each one."""
+        return Counter(c.hint for c in self.cases if not c.passed and c.hint).most_common()
 
-    def hint_line(self) -> str | None:
-        """"hint (4 of 6 failing cases): ..." for the reports."""
-        best = self.best_hint
-        if best is None:
-            return None
-        hint, n, failing = best
-        return f"hint ({n} of {failing} failing cases): {hint}" if failing > 1 else f"hint: {hint}"
+    def hint_lines(self, at_most: int = 3) -> list[str]:
+        """"hint (4 of 6 failing cases): ..." lines for the reports."""
+        failing = len(self.cases) - self.passed
+        return [f"hint ({n} of {failing} failing cases): {h}" if failing > 1 else f"hint: {h}"
+                for h, n in self.hints()[:at_most]]
 
 
 @dataclass

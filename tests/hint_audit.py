@@ -20,19 +20,19 @@ def main() -> int:
         result = grade_in(p.chapter, namespace_of(p.chapter, p.src))
         e = result[p.exercise]
         first = e["first"]
-        hint = e["hint"]
+        hints = e["hints"]
         others = [f"{ex} {r['score']:.2f}/{r['max']:g}" for ex, r in result.items()
                   if ex != p.exercise and abs(r["score"] - r["max"]) > 1e-9]
         if p.mistake is None:
             ok = abs(e["score"] - e["max"]) < 1e-9 and not others
         else:
-            ok = e["score"] < e["max"] and (p.words is None or (hint is not None and p.words in hint))
+            ok = e["score"] < e["max"] and (p.words is None or any(p.words in h for h in hints))
         named += ok
         wrong += not ok
         print(f"{'OK ' if ok else 'BAD'} {p.name} [{p.exercise}] {e['score']:.2f}/{e['max']:g}"
               + (f" (also lost: {', '.join(others)})" if others else ""))
         if first is not None:
-            print(f"      case: {first.case}\n      message: {first.message}\n      hint: {hint}")
+            print(f"      case: {first.case}\n      message: {first.message}\n      hints: {hints}")
     print(f"\n{named} of {len(PORTS)} ports graded right with a hint naming the actual mistake "
           f"({wrong} not)")
     return 0

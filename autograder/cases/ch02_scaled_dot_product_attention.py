@@ -7,7 +7,7 @@ import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
-from .models import bool_given, softmax_weights
+from .models import FLOAT_MASK_AS_BOOL, bool_given, float_given, softmax_weights
 
 
 def cases(exercise, gen, ref, quick):
@@ -70,11 +70,12 @@ def _self_attention_cases(gen, ref, quick):
 
 
 # ----------------------------------------------------------------------------- hints
-def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero"):
+def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero", float_as_bool=None):
     """[output, weights] of scaled dot-product attention on the call's q, k, v and mask (float64),
     with one mistake switched on: scale "sqrt" (correct), "none" or "d_k"; the softmax over
     `dim`; the boolean mask inverted; fully masked rows "zero" (correct), "nan" (a plain softmax
-    of all -inf) or "uniform" (-1e9 instead of -inf)."""
+    of all -inf) or "uniform" (-1e9 instead of -inf); `float_as_bool` (-1e9 or -inf): a float
+    mask read as a boolean one, `masked_fill(mask == 0, float_as_bool)`, then a plain softmax."""
     q, k, v = (a.double() for a in call.args[:3])
     mask = call.kwargs.get("mask")
     d_k = q.shape[-1]
@@ -83,17 +84,24 @@ def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero"):
         if mask.dtype == torch.bool:
             keep = ~mask if invert else mask
             s = s.masked_fill(~keep, -1e9 if fill == "uniform" else float("-inf"))
+        elif float_as_bool is not None:
+            return _softmax_all(s.masked_fill(mask == 0, float_as_bool), dim, v)
         else:
             s = s + mask.double()
     w = softmax_weights(s, dim, "zero" if fill == "zero" else "softmax")
     return [w @ v, w]
 
 
+def _softmax_all(scores, dim, v):
+    w = torch.softmax(scores, dim=dim)
+    return [w @ v.double(), w]
+
+
 def _weights(**mistake):
     return lambda c: [None, attend(c, **mistake)[1]]
 
 
-_bool_mask = bool_given("mask")
+_bool_mask, _float_mask = bool_given("mask"), float_given("mask")
 
 
 def _fully_masked(c) -> bool:
@@ -101,6 +109,8 @@ def _fully_masked(c) -> bool:
 
 
 SDPA_MISTAKES = (
+    Mistake(FLOAT_MASK_AS_BOOL, _weights(float_as_bool=-1e9), when=_float_mask),
+    Mistake(FLOAT_MASK_AS_BOOL, _weights(float_as_bool=float("-inf")), when=_float_mask),
     Mistake("scores look unscaled: divide q·k by sqrt(d_k) before the softmax", _weights(scale="none")),
     Mistake("scores are divided by d_k: divide by sqrt(d_k) instead", _weights(scale="d_k")),
     Mistake("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", _weights(dim=-2)),

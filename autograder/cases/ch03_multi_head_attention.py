@@ -25,7 +25,7 @@ from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call, hint_tolerance
-from .models import bool_given, given, linear, softmax_weights
+from .models import FLOAT_MASK_AS_BOOL, bool_given, float_given, given, linear, softmax_weights
 
 DROPOUT_P = 0.5
 
@@ -325,7 +325,7 @@ def _merge(x, order="hd"):
     raise ValueError(order)
 
 
-def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
+def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero", float_as_bool=None):
     d_h = q.shape[-1]
     H = q.shape[-3] if q.dim() >= 3 else 1
     s = q @ k.transpose(-2, -1)
@@ -334,6 +334,9 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
         if mask.dtype == torch.bool:
             keep = ~mask if invert else mask
             s = s.masked_fill(~keep, -1e9 if full_rows == "uniform" else float("-inf"))
+        elif float_as_bool is not None:  # masked_fill(mask == 0, float_as_bool), then a plain softmax
+            w = torch.softmax(s.masked_fill(mask == 0, float_as_bool), dim=dim)
+            return w @ v, w
         else:
             s = s + mask
     w = softmax_weights(s, dim, "zero" if full_rows == "zero" else "softmax")  # "nan", "uniform" (-1e9)
@@ -341,7 +344,7 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
 
 
 def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=False, full_rows="zero",
-               value_default="key", out_proj=True, layout="3hd"):
+               value_default="key", out_proj=True, layout="3hd", float_as_bool=None):
     st = {k: v.double() for k, v in call.state.items()}
     args = [a.double() for a in call.args]
     mask = call.kwargs.get("mask")
@@ -366,7 +369,7 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
         q = _split(linear(query, st, "q_proj"), H, split)
         k = _split(linear(key, st, "k_proj"), H, split)
         v = _split(linear(value, st, "v_proj"), H, split)
-    o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows)
+    o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows, float_as_bool)
     o = _merge(o, merge)
     return [linear(o, st, "out_proj") if out_proj else o, w]
 
@@ -375,7 +378,7 @@ def _model(**mistake):
     return functools.partial(_mha_model, **mistake)
 
 
-_bool_mask, _has_mask = bool_given("mask"), given("mask")
+_bool_mask, _float_mask, _has_mask = bool_given("mask"), float_given("mask"), given("mask")
 
 _FULL_ROWS_NAN = ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
                   "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
@@ -396,6 +399,8 @@ ATTENTION_MISTAKES = (
             "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"), when=_bool_mask),
     Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_has_mask),
     Mistake("out_proj is missing: the merged heads go through out_proj", _model(out_proj=False)),
+    Mistake(FLOAT_MASK_AS_BOOL, _model(float_as_bool=-1e9), when=_float_mask),
+    Mistake(FLOAT_MASK_AS_BOOL, _model(float_as_bool=float("-inf")), when=_float_mask),
 )
 MHA_MISTAKES = ATTENTION_MISTAKES + (
     Mistake("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "

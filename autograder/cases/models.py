@@ -30,3 +30,15 @@ def given(name: str):
 def bool_given(name: str):
     """A Mistake's `when`: the call passes a boolean keyword argument `name`."""
     return lambda call: call.kwargs.get(name) is not None and call.kwargs[name].dtype == torch.bool
+
+
+def float_given(name: str):
+    """A Mistake's `when`: the call passes a floating-point keyword argument `name`."""
+    return lambda call: call.kwargs.get(name) is not None and call.kwargs[name].is_floating_point()
+
+
+# The most common convention clash in ported code (annotated-transformer, the UvA notebooks,
+# minGPT): an additive float mask used as a boolean one.
+FLOAT_MASK_AS_BOOL = ("the float mask is read as a boolean one (masked_fill(mask == 0, ...)): a float mask is "
+                      "additive, its values are added to the scores (scores + mask, 0 keeps a key, -inf masks "
+                      "it); only a boolean mask goes through masked_fill, with False meaning masked out")
