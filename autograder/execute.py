@@ -293,6 +293,14 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
             if not isinstance(module, torch.nn.Module):
                 return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
                                        f"(got {type(module).__name__}).")
+            lazy = [n for n, p in [*module.named_parameters(), *module.named_buffers()]
+                    if torch.nn.parameter.is_lazy(p)]
+            if lazy:
+                return Outcome.failure("TypeError", (
+                    f"`{call.target}(...)` has parameters that do not exist yet after __init__ "
+                    f"({', '.join(lazy[:4])}{', ...' if len(lazy) > 4 else ''}: nn.LazyLinear or another lazy "
+                    "layer). The grader loads the reference weights right after __init__, so every parameter "
+                    "must exist with its shape by then: use nn.Linear(in_features, out_features)."))
             # Parameters and buffers (non-persistent ones too), by name, with their shapes.
             out.params = {k: list(v.shape) for k, v in module.named_parameters()}
             out.params.update({k: list(v.shape) for k, v in module.named_buffers()})

@@ -369,7 +369,7 @@ def causal_mask(seq_len, device=None):
     attn_shape = (1, seq_len, seq_len)
     subsequent = torch.triu(torch.ones(attn_shape, device=device), diagonal=1).type(torch.uint8)
     return subsequent == 0
-""", "an extra leading axis: (1, L, L) instead of (L, L)", "(L, L)")
+""", "an extra leading axis: (1, L, L) instead of (L, L)", "extra leading axis", 7)
 
 # ----------------------------------------------------------------------------- chapter 6
 

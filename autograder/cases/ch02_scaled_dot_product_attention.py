@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -122,8 +123,21 @@ SDPA_MISTAKES = (
             "(-1e9 instead of -inf, or no zeroing after the softmax?)", _weights(fill="uniform"), when=_fully_masked),
 )
 
+_ONE_BATCH_AXIS = re.compile(r"3D|3-dimensional|Dimension out of range|must be a 3D")
+
+
+def _sdpa_explain(call, student, expected, mismatch):
+    """torch.bmm / transpose(1, 2) assume exactly one batch axis (d2l's DotProductAttention)."""
+    if mismatch.aspect == "error" and call.args and call.args[0].dim() != 3 and student.error \
+            and _ONE_BATCH_AXIS.search(student.error.get("message", "")):
+        return (f"this case has {call.args[0].dim() - 2} batch axes, and the code assumes exactly one "
+                "(torch.bmm, transpose(1, 2)): use q @ k.transpose(-2, -1) and weights @ v, which take any "
+                "number of leading batch axes")
+    return None
+
+
 HINTS = {
     "scaled_dot_product_attention": Hints(
-        SDPA_MISTAKES, correct=attend,
+        SDPA_MISTAKES, correct=attend, explain=_sdpa_explain,
         weights_right="the weights are right but the output is not: multiply the weights by v (weights @ v)"),
 }
