@@ -2,6 +2,7 @@
 tests/ports.py, and whether the hint names the actual mistake. A measurement, not a test:
 
     python tests/hint_audit.py            # one line per port, then the count
+    python tests/hint_audit.py worksheet  # only the ports whose name contains "worksheet"
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from ports import PORTS  # noqa: E402
 
 def main() -> int:
     named = wrong = 0
-    for p in PORTS:
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
+    for p in (chosen := [p for p in PORTS if only in p.name]):
         result = grade_in(p.chapter, namespace_of(p.chapter, p.src))
         e = result[p.exercise]
         first = e["first"]
@@ -33,8 +35,7 @@ def main() -> int:
               + (f" (also lost: {', '.join(others)})" if others else ""))
         if first is not None:
             print(f"      case: {first.case}\n      message: {first.message}\n      hints: {hints}")
-    print(f"\n{named} of {len(PORTS)} ports graded right with a hint naming the actual mistake "
-          f"({wrong} not)")
+    print(f"\n{named} of {len(chosen)} ports graded right with a hint naming the actual mistake ({wrong} not)")
     return 0
 
 

@@ -374,6 +374,10 @@ def causal_mask(seq_len, device=None):
 # ----------------------------------------------------------------------------- chapter 6
 
 _AF = """
+class MultiHeadAttention(MultiHeadAttention):  # a class of its own, as a notebook defines it
+    pass
+
+
 @add_to_class(MultiHeadAttention)
 def forward(self, x, bias=None, attention_mask=None):
     q, k, v = self.linear_q(x), self.linear_k(x), self.linear_v(x)
