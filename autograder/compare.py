@@ -45,6 +45,7 @@ class Mismatch:
     max_abs: float | None = None
     max_rel: float | None = None
     where: list | None = None        # index of the largest error
+    scale: float | None = None       # the largest magnitude in the expected tensor
     hint: str | None = None
     not_implemented: bool = False    # the code is still the exercise stub (NotImplementedError)
 
@@ -77,7 +78,7 @@ def value_error(actual: torch.Tensor, expected: torch.Tensor, dtype: str) -> tup
         if not bad.any():
             return None
         idx = torch.nonzero(bad)[0].tolist()
-        return (1.0, float("inf"), idx)
+        return (1.0, None, idx)
     rtol, atol = TOLERANCES.get(dtype, TOLERANCES["float32"])
     a = actual.to(torch.float64)
     e = expected.to(torch.float64)
@@ -92,9 +93,10 @@ def value_error(actual: torch.Tensor, expected: torch.Tensor, dtype: str) -> tup
     idx = list(torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.dim() else []
     idx = [int(i) for i in idx]
     max_abs = float(diff[bad].max())
-    rel = diff / e.abs().clamp_min(1e-12)
-    max_rel = float(rel[bad].max())
-    return max_abs, max_rel, idx
+    # the relative error where the absolute one is largest (None where the expected value is 0)
+    at = tuple(idx)
+    rel = float(diff[at] / e[at].abs()) if float(e[at]) != 0 else None
+    return max_abs, rel, idx
 
 
 def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes: list | None
@@ -112,12 +114,17 @@ def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes
     want = e[tuple(where)].item() if where or e.dim() == 0 else None
     at = f" at index {tuple(where)}" if where else ""
     detail = f" (got {got:.6g}, expected {want:.6g})" if isinstance(got, float) and isinstance(want, float) else ""
-    if e.dtype == torch.bool:
+    if not e.is_floating_point():  # bool or integer: no sizes of error, just where it differs
         detail = f" (got {got}, expected {want})"
+        return Mismatch("values" if what == "value" else "grads",
+                        f"{name} differs from the reference{at}{detail}.", output=i if what == "value" else None,
+                        where=where)
+    relative = f", relative {max_rel:.3g}" if max_rel is not None else ""
     return Mismatch("values" if what == "value" else "grads",
-                    f"{name} differs from the reference: largest absolute error {max_abs:.3g}, "
-                    f"relative {max_rel:.3g}{at}{detail}.", output=i if what == "value" else None,
-                    max_abs=max_abs, max_rel=max_rel, where=where)
+                    f"{name} differs from the reference: largest absolute error {max_abs:.3g}{at}"
+                    f"{detail}{relative}.", output=i if what == "value" else None,
+                    max_abs=max_abs, max_rel=max_rel, where=where,
+                    scale=float(torch.nan_to_num(e.double().abs(), posinf=0.0).max()) if e.numel() else None)
 
 
 def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None = None) -> Mismatch | None:
@@ -161,8 +168,9 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
             return Mismatch("shape", f"{name} has shape {_fmt_shape(sm['shape'])}, expected "
                             f"{_fmt_shape(em['shape'])}.", output=i)
         if sm["dtype"] != em["dtype"]:
-            return Mismatch("dtype", f"{name} has dtype {sm['dtype']}, expected {em['dtype']} "
-                            "(the dtype of the inputs).", output=i)
+            floating = em["dtype"].startswith(("float", "bfloat", "complex"))
+            why = " (the dtype of the inputs)" if floating and call.dtype in em["dtype"] else ""
+            return Mismatch("dtype", f"{name} has dtype {sm['dtype']}, expected {em['dtype']}{why}.", output=i)
         if sm["device"] != em["device"]:
             return Mismatch("device", f"{name} is on device '{sm['device']}', expected '{em['device']}' "
                             "(the device of the inputs).", output=i)

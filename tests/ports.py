@@ -162,7 +162,7 @@ class MultiHeadAttention(nn.Module):
         out = F.dropout(scores, self.dropout, self.training) @ values
         out = out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)
         return self.out_proj(out), scores
-""", None, None, 5)  # float32 rounding in a float64 case is not a mistake (grading-rules policy)
+""", "a float32 softmax in a float64 case: on saturated scores its gradients lose accuracy", "float32", 5)  # float32 rounding in a float64 case is not a mistake (grading-rules policy)
 
 port("annotated-transformer MultiHeadedAttention (linears list)", "annotated-transformer",
      CH3, "MultiHeadAttention", """

@@ -8,7 +8,8 @@ import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
-from .models import FLOAT_MASK_AS_BOOL, bool_given, float_given, softmax_weights
+from .models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, nan_gradients_explain,
+                     softmax_weights)
 
 
 def cases(exercise, gen, ref, quick):
@@ -32,6 +33,11 @@ def _sdpa_cases(gen, quick):
         call("additive float mask (0 / -inf plus a bias), batch (2,)",
              randn(gen, 2, 3, 4), randn(gen, 2, 6, 4), randn(gen, 2, 6, 4),
              kwargs={"mask": float_mask(gen, 2, 3, 6)}, grad=g + ["kwargs.mask"]),
+        # a row of -inf scores that autograd reaches (a boolean mask's masked_fill cuts it off):
+        # its gradients must be finite too, which nan_to_num after the softmax is not
+        call("float mask with a fully -inf row: zero output, finite gradients",
+             randn(gen, 4, 5), randn(gen, 6, 5), randn(gen, 6, 3),
+             kwargs={"mask": float_mask(gen, 4, 6, full_rows=1)}, grad=g),
     ]
     if quick:
         return cs
@@ -47,7 +53,7 @@ def _sdpa_cases(gen, quick):
         call("d_k = 1, L_q = 1 (odd sizes)",
              randn(gen, 2, 1, 1), randn(gen, 2, 3, 1), randn(gen, 2, 3, 5), grad=g),
         call("float32 inputs keep float32", randn(gen, 2, 3, 4), randn(gen, 2, 5, 4),
-             randn(gen, 2, 5, 4), kwargs={"mask": bool_mask(gen, 2, 3, 5)}, dtype="float32"),
+             randn(gen, 2, 5, 4), kwargs={"mask": bool_mask(gen, 2, 3, 5, full_rows=0)}, dtype="float32"),
     ]
 
 
@@ -105,8 +111,8 @@ def _weights(**mistake):
 _bool_mask, _float_mask = bool_given("mask"), float_given("mask")
 
 
-def _fully_masked(c) -> bool:
-    return _bool_mask(c) and bool((~c.kwargs["mask"]).all(-1).any())
+_fully_masked = fully_masked_row("mask")
+_nan_gradients = nan_gradients_explain("mask")
 
 
 SDPA_MISTAKES = (
@@ -127,7 +133,11 @@ _ONE_BATCH_AXIS = re.compile(r"3D|3-dimensional|Dimension out of range|must be a
 
 
 def _sdpa_explain(call, student, expected, mismatch):
-    """torch.bmm / transpose(1, 2) assume exactly one batch axis (d2l's DotProductAttention)."""
+    """torch.bmm / transpose(1, 2) assume exactly one batch axis (d2l's DotProductAttention);
+    NaN gradients from nan_to_num after the softmax."""
+    nan_gradients = _nan_gradients(call, student, expected, mismatch)
+    if nan_gradients:
+        return nan_gradients
     if mismatch.aspect == "error" and call.args and call.args[0].dim() != 3 and student.error \
             and _ONE_BATCH_AXIS.search(student.error.get("message", "")):
         return (f"this case has {call.args[0].dim() - 2} batch axes, and the code assumes exactly one "

@@ -25,7 +25,8 @@ from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call, hint_tolerance
-from .models import FLOAT_MASK_AS_BOOL, bool_given, float_given, given, linear, softmax_weights
+from .models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, linear, nan_gradients_explain,
+                     softmax_weights)
 
 DROPOUT_P = 0.5
 
@@ -215,7 +216,7 @@ def is_dropout_train(call) -> bool:
     return call.exercise == "MultiHeadAttention" and call.train and _dropout_p(call) > 0
 
 
-def compare(call, student, expected):
+def compare(call, student, expected, notes=None):
     """This chapter's comparison: value for value, except training-mode dropout with p > 0.
 
     `autograder.cases.compare` calls it in place of `autograder.compare.compare` on CPU and CUDA
@@ -223,7 +224,7 @@ def compare(call, student, expected):
     """
     if is_dropout_train(call):
         return dropout_properties(call, student, expected)
-    return compare_values(call, student, expected)
+    return compare_values(call, student, expected, notes)
 
 
 def _revealed(call, output):
@@ -378,7 +379,8 @@ def _model(**mistake):
     return functools.partial(_mha_model, **mistake)
 
 
-_bool_mask, _float_mask, _has_mask = bool_given("mask"), float_given("mask"), given("mask")
+_bool_mask, _float_mask, _dead_row = bool_given("mask"), float_given("mask"), fully_masked_row("mask")
+_nan_gradients = nan_gradients_explain("mask")
 
 _FULL_ROWS_NAN = ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
                   "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
@@ -396,8 +398,9 @@ ATTENTION_MISTAKES = (
     Mistake("the mask looks inverted: True means 'may attend' (keep), False means masked out",
             _model(invert=True), when=_bool_mask),
     Mistake("a fully masked row should give zero weights and a zero output, not a uniform average "
-            "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"), when=_bool_mask),
-    Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_has_mask),
+            "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"),
+            when=lambda c: _bool_mask(c) and _dead_row(c)),
+    Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_dead_row),
     Mistake("out_proj is missing: the merged heads go through out_proj", _model(out_proj=False)),
     Mistake(FLOAT_MASK_AS_BOOL, _model(float_as_bool=-1e9), when=_float_mask),
     Mistake(FLOAT_MASK_AS_BOOL, _model(float_as_bool=float("-inf")), when=_float_mask),
@@ -437,8 +440,9 @@ def _bias_explain(call, student, mismatch):
 
 
 def _mha_explain(call, student, expected, mismatch):
-    if _bias_explain(call, student, mismatch):
-        return _bias_explain(call, student, mismatch)
+    common = _bias_explain(call, student, mismatch) or _nan_gradients(call, student, expected, mismatch)
+    if common:
+        return common
     if call.expect_error == "ValueError":
         return "raise ValueError in __init__ when embed_dim % num_heads != 0"
     if is_dropout_probe(call) and not call.train and mismatch.aspect == "values" \
@@ -449,8 +453,9 @@ def _mha_explain(call, student, expected, mismatch):
 
 
 def _mhsa_explain(call, student, expected, mismatch):
-    if _bias_explain(call, student, mismatch):
-        return _bias_explain(call, student, mismatch)
+    common = _bias_explain(call, student, mismatch) or _nan_gradients(call, student, expected, mismatch)
+    if common:
+        return common
     if mismatch.aspect == "params" and any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
         return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
     return None
