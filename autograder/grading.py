@@ -25,7 +25,7 @@ import torch
 
 from . import cases as case_registry
 from .calls import Call, Outcome
-from .compare import Mismatch, compare_meta
+from .compare import FLOAT32_NOTE, PRECISION_HINT, Mismatch, compare_meta
 from .contract import CHAPTERS, Chapter, Exercise, chapter_for_filename
 from .execute import execute
 from .inputs import grading_seed
@@ -159,6 +159,8 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
         m = case_registry.compare(call, student, expected, notes)
     if m:
         m.hint = m.hint or case_registry.hint(call, student, expected, m)
+        if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
+            m.hint = PRECISION_HINT
     return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes else "")
 
 
