@@ -112,6 +112,8 @@ class Outcome:
         inputs_modified: names of arguments changed in place.
         forbidden: forbidden ops or functions seen while the call ran.
         seconds: wall time of the call.
+        called: the exercises this one builds on (contract `builds_on`) that the call ran, so
+            a failure is blamed on a prerequisite only where the student's code used it.
         largest_tensor: with Call.measure_memory, the most elements held by any tensor an op
             created while the call ran (views excluded), and that op's name: [numel, "aten.mm"].
     """
@@ -126,6 +128,7 @@ class Outcome:
     inputs_modified: list = field(default_factory=list)
     forbidden: list = field(default_factory=list)
     seconds: float = 0.0
+    called: list = field(default_factory=list)
     largest_tensor: list | None = None
 
     def to_plain(self) -> dict:

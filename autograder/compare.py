@@ -31,6 +31,11 @@ TOLERANCES = {
 
 
 NOT_IMPLEMENTED = "not implemented yet"
+# A float64 case whose outputs matched only at float32 accuracy, then failed on a gradient: the
+# float32 rounding was amplified (a float32 softmax on saturated scores, LLaMA-style).
+PRECISION_HINT = ("the outputs match only at float32 accuracy, and this gradient is off: part of the computation "
+                  "runs in float32 (.float(), a float32 softmax, constant or table) and these inputs amplify the "
+                  "rounding. Keep every step in the inputs' dtype (no .float() / .type_as round trip)")
 FLOAT32_NOTE = ("computed in float32: the result matches at float32 accuracy, not float64's "
                 "(full marks; compute in the inputs' dtype to match exactly)")
 
@@ -77,7 +82,7 @@ def value_error(actual: torch.Tensor, expected: torch.Tensor, dtype: str) -> tup
         if not bad.any():
             return None
         idx = torch.nonzero(bad)[0].tolist()
-        return (1.0, float("inf"), idx)
+        return (1.0, None, idx)
     rtol, atol = TOLERANCES.get(dtype, TOLERANCES["float32"])
     a = actual.to(torch.float64)
     e = expected.to(torch.float64)
@@ -92,9 +97,10 @@ def value_error(actual: torch.Tensor, expected: torch.Tensor, dtype: str) -> tup
     idx = list(torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.dim() else []
     idx = [int(i) for i in idx]
     max_abs = float(diff[bad].max())
-    rel = diff / e.abs().clamp_min(1e-12)
-    max_rel = float(rel[bad].max())
-    return max_abs, max_rel, idx
+    # the relative error where the absolute one is largest (None where the expected value is 0)
+    at = tuple(idx)
+    rel = float(diff[at] / e[at].abs()) if float(e[at]) != 0 else None
+    return max_abs, rel, idx
 
 
 def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes: list | None
@@ -112,11 +118,15 @@ def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes
     want = e[tuple(where)].item() if where or e.dim() == 0 else None
     at = f" at index {tuple(where)}" if where else ""
     detail = f" (got {got:.6g}, expected {want:.6g})" if isinstance(got, float) and isinstance(want, float) else ""
-    if e.dtype == torch.bool:
+    if not e.is_floating_point():  # bool or integer: no sizes of error, just where it differs
         detail = f" (got {got}, expected {want})"
+        return Mismatch("values" if what == "value" else "grads",
+                        f"{name} differs from the reference{at}{detail}.", output=i if what == "value" else None,
+                        where=where)
+    relative = f", relative {max_rel:.3g}" if max_rel is not None else ""
     return Mismatch("values" if what == "value" else "grads",
-                    f"{name} differs from the reference: largest absolute error {max_abs:.3g}, "
-                    f"relative {max_rel:.3g}{at}{detail}.", output=i if what == "value" else None,
+                    f"{name} differs from the reference: largest absolute error {max_abs:.3g}{at}"
+                    f"{detail}{relative}.", output=i if what == "value" else None,
                     max_abs=max_abs, max_rel=max_rel, where=where)
 
 
@@ -161,8 +171,9 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
             return Mismatch("shape", f"{name} has shape {_fmt_shape(sm['shape'])}, expected "
                             f"{_fmt_shape(em['shape'])}.", output=i)
         if sm["dtype"] != em["dtype"]:
-            return Mismatch("dtype", f"{name} has dtype {sm['dtype']}, expected {em['dtype']} "
-                            "(the dtype of the inputs).", output=i)
+            floating = em["dtype"].startswith(("float", "bfloat", "complex"))
+            why = " (the dtype of the inputs)" if floating and call.dtype in em["dtype"] else ""
+            return Mismatch("dtype", f"{name} has dtype {sm['dtype']}, expected {em['dtype']}{why}.", output=i)
         if sm["device"] != em["device"]:
             return Mismatch("device", f"{name} is on device '{sm['device']}', expected '{em['device']}' "
                             "(the device of the inputs).", output=i)

@@ -7,6 +7,7 @@ same way. Nothing here compares or scores: that happens in the trusted grader pr
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -17,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .calls import Call, ErrorKind, Outcome
-from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
+from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, CHAPTERS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
 WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
@@ -215,8 +216,53 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
     target = namespace.get(call.target)
     if target is None:
         return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
-    with TorchState():
-        return _execute(target, call, reraise)
+    with TorchState(), _CallRecorder(_prerequisites(namespace, call)) as calls:
+        out = _execute(target, call, reraise)
+    out.called = sorted(calls.called)
+    return out
+
+
+def _prerequisites(namespace: dict, call: Call) -> dict:
+    """code object -> exercise name, for the exercises `call`'s exercise builds on, as the
+    namespace defines them (a function, a method of its owner, or a module's forward)."""
+    chapter = CHAPTERS.get(call.chapter)
+    try:
+        builds_on = chapter.exercise(call.exercise).builds_on if chapter else ()
+    except KeyError:
+        return {}
+    codes = {}
+    for name in builds_on:
+        pre = chapter.exercise(name)
+        obj = namespace.get(pre.target)
+        obj = getattr(obj, pre.name if pre.kind == "method" else "forward", None) \
+            if isinstance(obj, type) else obj
+        code = getattr(obj, "__code__", None)
+        if code is not None:
+            codes[code] = name
+    return codes
+
+
+class _CallRecorder:
+    """Records which of the given functions run while the context is active (sys.setprofile:
+    one cheap check per Python call, in this thread only)."""
+
+    def __init__(self, codes: dict):
+        self.codes, self.called = codes, set()
+
+    def _profile(self, frame, event, arg):
+        if event == "call" and frame.f_code in self.codes:
+            self.called.add(self.codes[frame.f_code])
+
+    def __enter__(self):
+        self.previous = sys.getprofile()
+        if self.codes:
+            sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        if self.codes:
+            sys.setprofile(self.previous)
+        return False
 
 
 def _execute(target, call: Call, reraise: tuple) -> Outcome:
@@ -247,6 +293,14 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
             if not isinstance(module, torch.nn.Module):
                 return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
                                        f"(got {type(module).__name__}).")
+            lazy = [n for n, p in [*module.named_parameters(), *module.named_buffers()]
+                    if torch.nn.parameter.is_lazy(p)]
+            if lazy:
+                return Outcome.failure("TypeError", (
+                    f"`{call.target}(...)` has parameters that do not exist yet after __init__ "
+                    f"({', '.join(lazy[:4])}{', ...' if len(lazy) > 4 else ''}: nn.LazyLinear or another lazy "
+                    "layer). The grader loads the reference weights right after __init__, so every parameter "
+                    "must exist with its shape by then: use nn.Linear(in_features, out_features)."))
             # Parameters and buffers (non-persistent ones too), by name, with their shapes.
             out.params = {k: list(v.shape) for k, v in module.named_parameters()}
             out.params.update({k: list(v.shape) for k, v in module.named_buffers()})

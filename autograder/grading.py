@@ -25,7 +25,7 @@ import torch
 
 from . import cases as case_registry
 from .calls import Call, Outcome
-from .compare import Mismatch, compare_meta
+from .compare import FLOAT32_NOTE, PRECISION_HINT, Mismatch, compare_meta
 from .contract import CHAPTERS, Chapter, Exercise, chapter_for_filename
 from .execute import execute
 from .inputs import grading_seed
@@ -159,6 +159,8 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
         m = case_registry.compare(call, student, expected, notes)
     if m:
         m.hint = m.hint or case_registry.hint(call, student, expected, m)
+        if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
+            m.hint = PRECISION_HINT
     return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes else "")
 
 
@@ -188,7 +190,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             verdict = judge(ex, c, student, expected)
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch
-            result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note)
+            result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note, used=student.called)
             if m:
                 result.aspect, result.message, result.hint = m.aspect, m.message, m.hint
                 result.not_implemented = m.not_implemented
@@ -224,23 +226,38 @@ def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: lis
     return tests
 
 
+# The aspects a wrong prerequisite can cause in the exercise that calls it (not, e.g., its
+# parameter names or its own signature); an error only where it was raised inside the prerequisite.
+PREREQUISITE_ASPECTS = ("values", "nonfinite", "shape", "dtype", "device", "grads", "inplace")
+
+
+def _blamed(c: CaseResult, name: str) -> bool:
+    if name not in c.used:
+        return False
+    return c.aspect in PREREQUISITE_ASPECTS or (c.aspect == "error" and f", in {name}" in c.message)
+
+
 def _point_to_failing_foundations(chapter: Chapter, tests: list[TestResult]) -> None:
-    """Where an exercise fails without a hint and an exercise it may call fails too, say so:
-    the mistake is most likely there (e.g. SelfAttention over a wrong scaled_dot_product_attention)."""
+    """Where a case fails without a hint, and an exercise it builds on fails its own tests and
+    was called by this case (and can cause this kind of failure), say so: the mistake is most
+    likely there (e.g. SelfAttention over a wrong scaled_dot_product_attention)."""
     failing = {t.exercise for t in tests if t.device == "cpu" and t.score < t.max_score}
     for t in tests:
-        foundations = [b for b in chapter.exercise(t.exercise).builds_on if b in failing]
-        if not foundations:
-            continue
-        names = " and ".join(f"`{b}`" for b in foundations)
-        plural = len(foundations) > 1
-        it = "them" if plural else "it"
-        text = (f"{names} {'fail their' if plural else 'fails its'} own tests too, and `{t.exercise}` may "
-                f"call {it}: fix {it} first (see the hint there), then check this one again")
+        candidates = [b for b in chapter.exercise(t.exercise).builds_on if b in failing]
         for c in t.cases:
-            if not c.passed and not c.hint and c.aspect not in STOPPING_ASPECTS + ("cpu",) \
-                    and not c.not_implemented:
-                c.hint = text
+            if c.passed or c.hint or c.not_implemented:
+                continue
+            foundations = [b for b in candidates if _blamed(c, b)]
+            if foundations:
+                c.hint = _foundation_hint(t.exercise, foundations)
+
+
+def _foundation_hint(exercise: str, foundations: list) -> str:
+    names = " and ".join(f"`{b}`" for b in foundations)
+    plural = len(foundations) > 1
+    it = "them" if plural else "it"
+    return (f"{names} {'fail their' if plural else 'fails its'} own tests too, and `{exercise}` "
+            f"calls {it}: fix {it} first (see the hint there), then check this one again")
 
 
 def zero_chapter(chapter: Chapter, devices: list[str], note: str) -> list[TestResult]:

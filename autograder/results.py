@@ -1,6 +1,7 @@
 """What grading produces: plain dataclasses that every report (text, JSON, HTML, CSV) reads."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ class CaseResult:
     note: str = ""       # on a pass: what was allowed (e.g. compare.FLOAT32_NOTE)
     not_implemented: bool = False  # the code is still the exercise stub
     figure: dict | None = None  # {"expected": [[...]], "submitted": [[...]]} attention weights, for HTML
+    used: list = field(default_factory=list)  # the exercises it builds on that this case's code called
 
 
 @dataclass
@@ -41,6 +43,18 @@ class TestResult:
     @property
     def first_failure(self) -> CaseResult | None:
         return next((c for c in self.cases if not c.passed), None)
+
+    def hints(self) -> list[tuple[str, int]]:
+        """The distinct hints of the failing cases, with how many cases give each, the most
+        shared first (first seen on a tie). The first failing case may combine two mistakes that
+        no single hint names, while later cases name each one."""
+        return Counter(c.hint for c in self.cases if not c.passed and c.hint).most_common()
+
+    def hint_lines(self, at_most: int = 3) -> list[str]:
+        """"hint (4 of 6 failing cases): ..." lines for the reports."""
+        failing = len(self.cases) - self.passed
+        return [f"hint ({n} of {failing} failing cases): {h}" if failing > 1 else f"hint: {h}"
+                for h, n in self.hints()[:at_most]]
 
 
 @dataclass

@@ -636,7 +636,7 @@ def _validated(d) -> Outcome | None:
                 out.params[_text(k, 500)] = v
         if d.get("load_error") is not None:
             out.load_error = _text(d["load_error"])
-        for key in ("inputs_modified", "forbidden"):
+        for key in ("inputs_modified", "forbidden", "called"):
             value = d.get(key, [])
             if not isinstance(value, list):
                 return None

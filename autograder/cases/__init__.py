@@ -5,7 +5,7 @@ Each chapter module defines
                                                      # reference namespace (to shape weights)
     HINTS: dict[str, Hints]                          # per exercise: its mistake models as data
 and may define
-    compare(call, student, expected) -> Mismatch | None
+    compare(call, student, expected, notes) -> Mismatch | None
                                                      # its own comparison (e.g. training-mode
                                                      # dropout, graded by properties)
 The chapter, exercise and target fields of each Call are filled in here.
@@ -73,7 +73,7 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
     from .. import compare as generic
 
     own = getattr(_module(call.chapter), "compare", None)
-    return own(call, student, expected) if own else generic.compare(call, student, expected, notes)
+    return (own or generic.compare)(call, student, expected, notes)
 
 
 # ----------------------------------------------------------------------------- the hint engine
@@ -97,9 +97,39 @@ def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | Non
         if table is None:  # a chapter module on the older API: its own hint function
             return module.hint(call, student, expected, mismatch)
         spec = table.get(call.exercise)
-        return spec and exercise_hint(spec, call, student, expected, mismatch)
+        return (spec and exercise_hint(spec, call, student, expected, mismatch)) \
+            or convention_hint(call, student, expected, mismatch)
     except Exception:
         return None
+
+
+_UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
+_LIST_INDEX = re.compile(r"\.\d+\.")
+
+
+def convention_hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:
+    """Hints for ported code that clashes with the contract's conventions the same way in
+    every chapter: a keyword named differently, a layer list instead of named layers, an
+    extra leading axis of size 1."""
+    if mismatch.aspect == "error" and student.error and student.error.get("type") == "TypeError":
+        m = _UNEXPECTED_KEYWORD.search(student.error.get("message", ""))
+        if m and (m.group(1) in call.kwargs or m.group(1) in (call.init or {})):
+            return (f"the grader passes `{m.group(1)}=` by keyword, as the contract names it: call the "
+                    f"parameter `{m.group(1)}` in your signature (e.g. not `attn_mask` for `mask`)")
+    if mismatch.aspect == "params" and student.params and expected.params:
+        listed = sorted(n for n in student.params if _LIST_INDEX.search("." + n) and n not in expected.params)
+        if listed and not any(_LIST_INDEX.search("." + n) for n in expected.params):
+            layers = sorted({n.rsplit(".", 1)[0] for n in expected.params if "." in n})
+            return (f"the layers are kept in a list ({listed[0]}, ...): the grader loads the reference weights "
+                    f"by name, so make each layer its own attribute with the contract's name: "
+                    f"{', '.join(layers)}")
+    if mismatch.aspect == "shape" and mismatch.output is not None and mismatch.output < len(student.meta):
+        got = student.meta[mismatch.output].get("shape")
+        want = expected.meta[mismatch.output].get("shape") if mismatch.output < len(expected.meta) else None
+        if got and want is not None and got == [1] + want:
+            return ("the result has an extra leading axis of size 1 (unsqueeze(0), or a shape like (1, L, L)): "
+                    "return the contract's shape without it; a caller adds batch axes where it needs them")
+    return None
 
 
 def exercise_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:

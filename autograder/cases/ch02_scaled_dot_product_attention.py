@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
-from .models import bool_given, softmax_weights
+from .models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, nan_gradients_explain,
+                     softmax_weights)
 
 
 def cases(exercise, gen, ref, quick):
@@ -31,6 +33,11 @@ def _sdpa_cases(gen, quick):
         call("additive float mask (0 / -inf plus a bias), batch (2,)",
              randn(gen, 2, 3, 4), randn(gen, 2, 6, 4), randn(gen, 2, 6, 4),
              kwargs={"mask": float_mask(gen, 2, 3, 6)}, grad=g + ["kwargs.mask"]),
+        # a row of -inf scores that autograd reaches (a boolean mask's masked_fill cuts it off):
+        # its gradients must be finite too, which nan_to_num after the softmax is not
+        call("float mask with a fully -inf row: zero output, finite gradients",
+             randn(gen, 4, 5), randn(gen, 6, 5), randn(gen, 6, 3),
+             kwargs={"mask": float_mask(gen, 4, 6, full_rows=1)}, grad=g),
     ]
     if quick:
         return cs
@@ -46,7 +53,7 @@ def _sdpa_cases(gen, quick):
         call("d_k = 1, L_q = 1 (odd sizes)",
              randn(gen, 2, 1, 1), randn(gen, 2, 3, 1), randn(gen, 2, 3, 5), grad=g),
         call("float32 inputs keep float32", randn(gen, 2, 3, 4), randn(gen, 2, 5, 4),
-             randn(gen, 2, 5, 4), kwargs={"mask": bool_mask(gen, 2, 3, 5)}, dtype="float32"),
+             randn(gen, 2, 5, 4), kwargs={"mask": bool_mask(gen, 2, 3, 5, full_rows=0)}, dtype="float32"),
     ]
 
 
@@ -70,11 +77,12 @@ def _self_attention_cases(gen, ref, quick):
 
 
 # ----------------------------------------------------------------------------- hints
-def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero"):
+def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero", float_as_bool=None):
     """[output, weights] of scaled dot-product attention on the call's q, k, v and mask (float64),
     with one mistake switched on: scale "sqrt" (correct), "none" or "d_k"; the softmax over
     `dim`; the boolean mask inverted; fully masked rows "zero" (correct), "nan" (a plain softmax
-    of all -inf) or "uniform" (-1e9 instead of -inf)."""
+    of all -inf) or "uniform" (-1e9 instead of -inf); `float_as_bool` (-1e9 or -inf): a float
+    mask read as a boolean one, `masked_fill(mask == 0, float_as_bool)`, then a plain softmax."""
     q, k, v = (a.double() for a in call.args[:3])
     mask = call.kwargs.get("mask")
     d_k = q.shape[-1]
@@ -83,24 +91,33 @@ def attend(call, scale="sqrt", dim=-1, invert=False, fill="zero"):
         if mask.dtype == torch.bool:
             keep = ~mask if invert else mask
             s = s.masked_fill(~keep, -1e9 if fill == "uniform" else float("-inf"))
+        elif float_as_bool is not None:
+            return _softmax_all(s.masked_fill(mask == 0, float_as_bool), dim, v)
         else:
             s = s + mask.double()
     w = softmax_weights(s, dim, "zero" if fill == "zero" else "softmax")
     return [w @ v, w]
 
 
+def _softmax_all(scores, dim, v):
+    w = torch.softmax(scores, dim=dim)
+    return [w @ v.double(), w]
+
+
 def _weights(**mistake):
     return lambda c: [None, attend(c, **mistake)[1]]
 
 
-_bool_mask = bool_given("mask")
+_bool_mask, _float_mask = bool_given("mask"), float_given("mask")
 
 
-def _fully_masked(c) -> bool:
-    return _bool_mask(c) and bool((~c.kwargs["mask"]).all(-1).any())
+_fully_masked = fully_masked_row("mask")
+_nan_gradients = nan_gradients_explain("mask")
 
 
 SDPA_MISTAKES = (
+    Mistake(FLOAT_MASK_AS_BOOL, _weights(float_as_bool=-1e9), when=_float_mask),
+    Mistake(FLOAT_MASK_AS_BOOL, _weights(float_as_bool=float("-inf")), when=_float_mask),
     Mistake("scores look unscaled: divide q·k by sqrt(d_k) before the softmax", _weights(scale="none")),
     Mistake("scores are divided by d_k: divide by sqrt(d_k) instead", _weights(scale="d_k")),
     Mistake("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", _weights(dim=-2)),
@@ -112,8 +129,25 @@ SDPA_MISTAKES = (
             "(-1e9 instead of -inf, or no zeroing after the softmax?)", _weights(fill="uniform"), when=_fully_masked),
 )
 
+_ONE_BATCH_AXIS = re.compile(r"3D|3-dimensional|Dimension out of range|must be a 3D")
+
+
+def _sdpa_explain(call, student, expected, mismatch):
+    """torch.bmm / transpose(1, 2) assume exactly one batch axis (d2l's DotProductAttention);
+    NaN gradients from nan_to_num after the softmax."""
+    nan_gradients = _nan_gradients(call, student, expected, mismatch)
+    if nan_gradients:
+        return nan_gradients
+    if mismatch.aspect == "error" and call.args and call.args[0].dim() != 3 and student.error \
+            and _ONE_BATCH_AXIS.search(student.error.get("message", "")):
+        return (f"this case has {call.args[0].dim() - 2} batch axes, and the code assumes exactly one "
+                "(torch.bmm, transpose(1, 2)): use q @ k.transpose(-2, -1) and weights @ v, which take any "
+                "number of leading batch axes")
+    return None
+
+
 HINTS = {
     "scaled_dot_product_attention": Hints(
-        SDPA_MISTAKES, correct=attend,
+        SDPA_MISTAKES, correct=attend, explain=_sdpa_explain,
         weights_right="the weights are right but the output is not: multiply the weights by v (weights @ v)"),
 }

@@ -25,7 +25,8 @@ from ..compare import Mismatch, compare_meta
 from ..compare import compare as compare_values
 from ..inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call, hint_tolerance
-from .models import bool_given, given, linear, softmax_weights
+from .models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, linear, nan_gradients_explain,
+                     softmax_weights)
 
 DROPOUT_P = 0.5
 
@@ -215,7 +216,7 @@ def is_dropout_train(call) -> bool:
     return call.exercise == "MultiHeadAttention" and call.train and _dropout_p(call) > 0
 
 
-def compare(call, student, expected):
+def compare(call, student, expected, notes=None):
     """This chapter's comparison: value for value, except training-mode dropout with p > 0.
 
     `autograder.cases.compare` calls it in place of `autograder.compare.compare` on CPU and CUDA
@@ -223,7 +224,7 @@ def compare(call, student, expected):
     """
     if is_dropout_train(call):
         return dropout_properties(call, student, expected)
-    return compare_values(call, student, expected)
+    return compare_values(call, student, expected, notes)
 
 
 def _revealed(call, output):
@@ -325,7 +326,7 @@ def _merge(x, order="hd"):
     raise ValueError(order)
 
 
-def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
+def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero", float_as_bool=None):
     d_h = q.shape[-1]
     H = q.shape[-3] if q.dim() >= 3 else 1
     s = q @ k.transpose(-2, -1)
@@ -334,6 +335,9 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
         if mask.dtype == torch.bool:
             keep = ~mask if invert else mask
             s = s.masked_fill(~keep, -1e9 if full_rows == "uniform" else float("-inf"))
+        elif float_as_bool is not None:  # masked_fill(mask == 0, float_as_bool), then a plain softmax
+            w = torch.softmax(s.masked_fill(mask == 0, float_as_bool), dim=dim)
+            return w @ v, w
         else:
             s = s + mask
     w = softmax_weights(s, dim, "zero" if full_rows == "zero" else "softmax")  # "nan", "uniform" (-1e9)
@@ -341,7 +345,7 @@ def _attend(q, k, v, mask, scale="d_h", dim=-1, invert=False, full_rows="zero"):
 
 
 def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=False, full_rows="zero",
-               value_default="key", out_proj=True, layout="3hd"):
+               value_default="key", out_proj=True, layout="3hd", float_as_bool=None):
     st = {k: v.double() for k, v in call.state.items()}
     args = [a.double() for a in call.args]
     mask = call.kwargs.get("mask")
@@ -366,7 +370,7 @@ def _mha_model(call, *, split="hd", merge=None, scale="d_h", dim=-1, invert=Fals
         q = _split(linear(query, st, "q_proj"), H, split)
         k = _split(linear(key, st, "k_proj"), H, split)
         v = _split(linear(value, st, "v_proj"), H, split)
-    o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows)
+    o, w = _attend(q, k, v, mask, scale, dim, invert, full_rows, float_as_bool)
     o = _merge(o, merge)
     return [linear(o, st, "out_proj") if out_proj else o, w]
 
@@ -375,7 +379,8 @@ def _model(**mistake):
     return functools.partial(_mha_model, **mistake)
 
 
-_bool_mask, _has_mask = bool_given("mask"), given("mask")
+_bool_mask, _float_mask, _dead_row = bool_given("mask"), float_given("mask"), fully_masked_row("mask")
+_nan_gradients = nan_gradients_explain("mask")
 
 _FULL_ROWS_NAN = ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
                   "zero weights (masked_fill after the softmax), so their output is out_proj's bias")
@@ -393,9 +398,12 @@ ATTENTION_MISTAKES = (
     Mistake("the mask looks inverted: True means 'may attend' (keep), False means masked out",
             _model(invert=True), when=_bool_mask),
     Mistake("a fully masked row should give zero weights and a zero output, not a uniform average "
-            "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"), when=_bool_mask),
-    Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_has_mask),
+            "(-1e9 instead of -inf, or no zeroing after the softmax?)", _model(full_rows="uniform"),
+            when=lambda c: _bool_mask(c) and _dead_row(c)),
+    Mistake(_FULL_ROWS_NAN, _model(full_rows="nan"), when=_dead_row),
     Mistake("out_proj is missing: the merged heads go through out_proj", _model(out_proj=False)),
+    Mistake(FLOAT_MASK_AS_BOOL, _model(float_as_bool=-1e9), when=_float_mask),
+    Mistake(FLOAT_MASK_AS_BOOL, _model(float_as_bool=float("-inf")), when=_float_mask),
 )
 MHA_MISTAKES = ATTENTION_MISTAKES + (
     Mistake("the heads are split in the wrong order: reshape to (..., L, num_heads, d_h), not (..., L, d_h, "
@@ -432,8 +440,9 @@ def _bias_explain(call, student, mismatch):
 
 
 def _mha_explain(call, student, expected, mismatch):
-    if _bias_explain(call, student, mismatch):
-        return _bias_explain(call, student, mismatch)
+    common = _bias_explain(call, student, mismatch) or _nan_gradients(call, student, expected, mismatch)
+    if common:
+        return common
     if call.expect_error == "ValueError":
         return "raise ValueError in __init__ when embed_dim % num_heads != 0"
     if is_dropout_probe(call) and not call.train and mismatch.aspect == "values" \
@@ -444,8 +453,9 @@ def _mha_explain(call, student, expected, mismatch):
 
 
 def _mhsa_explain(call, student, expected, mismatch):
-    if _bias_explain(call, student, mismatch):
-        return _bias_explain(call, student, mismatch)
+    common = _bias_explain(call, student, mismatch) or _nan_gradients(call, student, expected, mismatch)
+    if common:
+        return common
     if mismatch.aspect == "params" and any(re.match(r"[qkv]_proj\.", name) for name in student.params or {}):
         return "use one fused qkv_proj = nn.Linear(embed_dim, 3 * embed_dim, bias=bias), not three"
     return None

@@ -215,6 +215,8 @@ def _forward(call, scale="c", gate="sigmoid", bias_align="left", mask_on="keys",
         m = m[..., None, :, None] if mask_on == "queries" else m[..., None, None, :]
         if fill == "offset":  # the worksheet's -1e8 offset: a fully masked row stays a softmax
             s = s + (~m) * -1e8
+        elif fill == "times-inf":  # (mask == 0) * -inf: 0 * -inf is NaN on every kept key
+            s = s + (~m).double() * float("-inf")
         else:
             s = s.masked_fill(~m, float("-inf"))
     w = softmax_weights(s, dim, "softmax" if fill == "nan" else "zero")  # "nan": a plain softmax
@@ -263,6 +265,10 @@ GLOBAL_MISTAKES = [
 _MASK_ON_QUERIES = ("the attention_mask acts on the queries: it masks keys, attention_mask[..., None, "
                     "None, :] lines it up with the last (k) axis of the (*, N_head, q, k) scores")
 _MASKED = given("attention_mask")
+_MASK_CODE = ("Mask with masked_fill, which never multiplies, and give a query with no key left zero weights: "
+              "keep = attention_mask[..., None, None, :] != 0; a = a.masked_fill(~keep, float('-inf')); "
+              "dead = ~keep.any(-1, keepdim=True); "
+              "a = torch.softmax(a.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)")
 
 
 def _square(mask) -> bool:
@@ -273,7 +279,9 @@ FORWARD_MISTAKES = [
     ("scores are divided by sqrt(c * N_head): divide the queries by sqrt(c), the channels per head",
      dict(scale="cN"), None),
     ("scores look unscaled: divide the queries by sqrt(c) before the dot products", dict(scale="none"), None),
-    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2), None),
+    # (with a key mask, a softmax over the queries is NaN everywhere: only told apart without one)
+    ("the weights sum to 1 over the wrong axis: take the softmax over the keys (dim=-1)", dict(dim=-2),
+     lambda c: not _MASKED(c)),
     ("attn_dim is ignored (attention always runs along axis -2): move self.attn_dim next to the "
      "channels, and back after the heads are merged", dict(attn_dim=-2), None),
     ("the pair bias is broadcast from the right: its leading axes are the leading batch axes of the "
@@ -287,8 +295,10 @@ FORWARD_MISTAKES = [
      "(for column attention (B, N_res, N_seq)); do not move its axes like x's",
      dict(mask_on="transposed"), lambda c: _MASKED(c) and _square(c.kwargs["attention_mask"])),
     ("a query whose keys are all masked should get zero weights (so its output is linear_o's bias), "
-     "not a softmax over masked keys: the -1e8 offset leaves such rows unchanged; use -inf and zero "
-     "the fully masked rows after the softmax", dict(fill="offset"), _MASKED),
+     "not a softmax over masked keys: the -1e8 offset leaves such rows unchanged. " + _MASK_CODE,
+     dict(fill="offset"), _MASKED),
+    ("(attention_mask == 0) * -inf is NaN on every kept key (0 * -inf = NaN), so every row is NaN. "
+     + _MASK_CODE, dict(fill="times-inf"), _MASKED),
     ("a query whose keys are all masked gives NaN (softmax of all -inf): give such rows zero "
      "weights (masked_fill after the softmax), so their output is linear_o's bias", dict(fill="nan"), _MASKED),
     ("the gate is applied after linear_o: multiply the heads' output by sigmoid(linear_g(x)) before "

@@ -64,8 +64,7 @@ def render(result: SubmissionResult) -> str:
             if f and not t.note:
                 details.append(f"<div>{t.passed}/{len(t.cases)} cases passed. First failure: "
                                f"<i>{e(f.case)}</i></div><pre>{e(f.message)}</pre>")
-                if f.hint:
-                    details.append(f"<div><span class='hint'>hint: {e(f.hint)}</span></div>")
+                details += [f"<div><span class='hint'>{e(h)}</span></div>" for h in t.hint_lines()]
                 if f.figure:
                     src = _figure_png(f.figure, f"{t.exercise}: {f.case}")
                     details.append(f"<img alt='expected vs submitted attention weights' src='{src}'>")

@@ -27,8 +27,7 @@ def exercise_lines(tests: list[TestResult]) -> list[str]:
                 on = "" if t.device == "cpu" else f" [{t.device}, {f.dtype}]"
                 lines.append(f"      first failure{on}: {f.case}")
                 lines.extend(f"        {line}" for line in f.message.splitlines())
-                if f.hint:
-                    lines.append(f"      hint: {f.hint}")
+                lines.extend(f"      {h}" for h in t.hint_lines())
     for note in sorted({c.note for t in tests for c in t.cases if c.passed and c.note}):
         lines.append(f"      note: {note}")
     return lines

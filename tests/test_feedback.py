@@ -1,0 +1,178 @@
+"""What a student reads after porting someone else's code (tests/ports.py): the hint names the
+actual mistake, never blames an exercise the code does not use, and every hint that suggests
+code is right: the suggestion, applied to the mistaken port, gets full marks."""
+from __future__ import annotations
+
+import pytest
+
+from grading_helpers import full, grade_in, namespace_of
+from ports import PORTS
+
+from autograder.report.text import exercise_lines
+
+BY_NAME = {p.name: p for p in PORTS}
+
+
+def _graded(port_name: str, replace: tuple = ()):
+    p = BY_NAME[port_name]
+    src = p.src
+    for old, new in replace:
+        assert old in src, old
+        src = src.replace(old, new)
+    return grade_in(p.chapter, namespace_of(p.chapter, src))[p.exercise]
+
+
+def _shown(e) -> list[str]:
+    """The hints the report shows for this exercise, and the first failure's message."""
+    return e["hints"] + ([e["first"].message] if e["first"] else [])
+
+
+@pytest.mark.parametrize("port", [p for p in PORTS if p.mistake and p.issue_item], ids=lambda p: p.name)
+def test_a_ported_mistake_loses_points_and_is_named(port):
+    e = _graded(port.name)
+    assert e["score"] < e["max"]
+    assert any(port.words in text for text in _shown(e)), (port.mistake, _shown(e))
+
+
+@pytest.mark.parametrize("port", [p for p in PORTS if p.mistake is None], ids=lambda p: p.name)
+def test_a_correct_port_gets_full_marks(port):
+    result = grade_in(port.chapter, namespace_of(port.chapter, port.src))
+    assert all(full(e) for e in result.values()), {k: (e["score"], e["hints"]) for k, e in result.items()}
+
+
+# ----------------------------------------------------------------------------- item 1
+def test_no_prerequisite_is_blamed_when_the_code_does_not_define_or_call_it():
+    for name in ("annotated-transformer MultiHeadedAttention (linears list)", "TorchLeet MHA (attn_mask keyword)",
+                 "LazyLinear projections"):
+        e = _graded(name)
+        blamed = [h for t in e["tests"] for c in t.cases for h in [c.hint] if h and "fails its own tests" in h]
+        assert not blamed, (name, blamed)
+
+
+def test_a_prerequisite_the_code_calls_is_still_blamed():
+    """MultiHeadAttention calls a wrong merge_heads: the hint points there."""
+    src = BY_NAME["TorchLeet MHA (attn_mask keyword)"].src.replace("attn_mask", "mask")
+    ns = namespace_of("03_multi_head_attention", src + """
+def merge_heads(x):
+    return x.transpose(-3, -2).flatten(-2) * 2   # a mistake no chapter-3 model names
+""")
+    e = grade_in("03_multi_head_attention", ns)["MultiHeadAttention"]
+    assert any("`merge_heads` fails its own tests too" in h for h in e["hints"]), e["hints"]
+
+
+def test_a_renamed_keyword_is_named():
+    e = _graded("TorchLeet MHA (attn_mask keyword)")
+    assert any("`mask=`" in h for h in e["hints"]), e["hints"]
+    fixed = _graded("TorchLeet MHA (attn_mask keyword)", [("attn_mask", "mask")] * 1)
+    assert fixed["score"] > e["score"]
+
+
+# ----------------------------------------------------------------------------- item 2
+def test_the_report_shows_the_hint_most_failing_cases_share_and_counts_them():
+    e = _graded("fused qkv as (B, N, H, 3, d_h)")
+    cpu = next(t for t in e["tests"] if t.device == "cpu")
+    failing = len(cpu.cases) - cpu.passed
+    lines = exercise_lines([cpu])
+    layout = [line for line in lines if "(B, N, 3, H, d_h)" in line]
+    assert layout and f"of {failing} failing cases)" in layout[0], lines
+
+
+# ----------------------------------------------------------------------------- items 3, 4, 8: code hints work
+FLOAT_MASK_FIX = ('masked_fill(mask == 0, -1e9)', 'masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool '
+                  'else scores + mask')
+
+
+def test_the_float_mask_hint_applied_gives_full_marks():
+    """The hint says: a float mask is added, only a boolean one goes through masked_fill (and the
+    fully-masked-row hint: zero such rows); both applied, the port is right."""
+    e = _graded("annotated-transformer attention")
+    assert any("read as a boolean one" in h for h in e["hints"]), e["hints"]
+    fixed = _graded("annotated-transformer attention", [
+        ("scores = scores.masked_fill(mask == 0, -1e9)",
+         "scores = scores.masked_fill(~mask, float('-inf')) if mask.dtype == torch.bool else scores + mask"),
+        ("p_attn = scores.softmax(dim=-1)",
+         "dead = torch.isneginf(scores).all(-1, keepdim=True)\n"
+         "    p_attn = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)"),
+    ])
+    assert full(fixed), fixed["hints"]
+
+
+def test_the_nan_to_num_hint_applied_gives_full_marks():
+    e = _graded("nan_to_num after softmax")
+    assert any("nan_to_num after the softmax leaves NaN in the backward pass" in h for h in e["hints"])
+    fixed = _graded("nan_to_num after softmax", [(
+        "weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)",
+        "dead = torch.isneginf(scores).all(-1, keepdim=True)\n"
+        "    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)")])
+    assert full(fixed), fixed["hints"]
+
+
+def test_nan_to_num_is_hinted_in_chapter_3_too():
+    ns = namespace_of("03_multi_head_attention", BY_NAME["LazyLinear projections"].src.replace("LazyLinear(", "Linear(embed_dim, ").replace(
+        "w = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)",
+        "w = torch.softmax(s, -1).nan_to_num(0.0)"))
+    e = grade_in("03_multi_head_attention", ns)["MultiHeadAttention"]
+    assert e["score"] < e["max"]
+    assert any("nan_to_num" in h for h in e["hints"]), e["hints"]
+
+
+@pytest.mark.parametrize("name", ["AlphaFold worksheet (-1e8 offset)", "worksheet offset turned into -inf"])
+def test_the_worksheet_masking_hint_applied_gives_full_marks(name):
+    """Chapter 6's hint suggests masked_fill code; pasted in place of the offset, it is right."""
+    e = _graded(name)
+    assert any("keep = attention_mask[..., None, None, :] != 0" in h for h in e["hints"]), e["hints"]
+    fixed = _graded(name, [("    if attention_mask is not None:\n        a = a + ",
+                            "    if attention_mask is not None:\n        _unused = "),
+                           ("    a = torch.softmax(a, dim=-1)\n",
+                            "    if attention_mask is not None:\n"
+                            "        keep = attention_mask[..., None, None, :] != 0\n"
+                            "        a = a.masked_fill(~keep, float('-inf'))\n"
+                            "        dead = ~keep.any(-1, keepdim=True)\n"
+                            "        a = torch.softmax(a.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)\n"
+                            "    else:\n"
+                            "        a = torch.softmax(a, dim=-1)\n")])
+    assert full(fixed), fixed["hints"]
+
+
+def test_the_batch_axes_hint_applied_gives_full_marks():
+    fixed = _graded("d2l DotProductAttention", [("torch.bmm(q, k.transpose(1, 2))", "q @ k.transpose(-2, -1)"),
+                                                ("torch.bmm(weights, v)", "weights @ v")])
+    assert full(fixed), fixed["hints"]
+
+
+def test_the_extra_axis_hint_applied_gives_full_marks():
+    fixed = _graded("annotated-transformer subsequent_mask", [("(1, seq_len, seq_len)", "(seq_len, seq_len)")])
+    assert full(fixed), fixed["hints"]
+
+
+# ----------------------------------------------------------------------------- items 6, 7, 9
+def test_lazy_layers_are_reported_in_the_students_terms():
+    e = _graded("LazyLinear projections")
+    message = e["first"].message
+    assert "do not exist yet after __init__" in message and "nn.Linear(in_features, out_features)" in message
+    assert "uninitialized parameter" not in message  # torch's words from the grader's own probe
+
+
+def test_a_relative_error_is_not_printed_where_the_expected_value_is_0():
+    e = _graded("annotated-transformer attention")
+    zero = [c.message for t in e["tests"] for c in t.cases if "expected 0)" in c.message]
+    assert zero and all("relative" not in m for m in zero), zero
+
+
+def test_the_no_nan_hint_is_given_only_where_a_row_is_fully_masked():
+    """minGPT gives NaN only on fully masked rows; cases without one must not carry that hint."""
+    e = _graded("minGPT CausalSelfAttention")
+    for t in e["tests"]:
+        for c in t.cases:
+            if c.hint and "gives NaN" in c.hint:
+                assert "fully masked" in c.case, c.case
+
+
+@pytest.mark.parametrize("name", ["annotated-transformer PositionalEncoding (1, max_len, d) buffer",
+                                  "PyTorch tutorial PositionalEncoding (max_len, 1, d) buffer"])
+def test_a_pe_buffer_of_another_shape_loses_the_structure_case_only(name):
+    e = _graded(name)
+    cpu = next(t for t in e["tests"] if t.device == "cpu")
+    failed = [c for c in cpu.cases if not c.passed]
+    assert [c.case for c in failed] == [cpu.cases[0].case] and "(max_len, d_model)" in failed[0].case
+    assert "expected (20, 8)" in failed[0].message
