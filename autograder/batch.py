@@ -33,16 +33,32 @@ def class_chapters(grader: Grader, folders: list[Path]) -> list[str]:
     return [c for c in CHAPTERS if c in found]
 
 
+_SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
+
+
 def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     """One student's chapters, one after another in the student's own warm sandbox (torch is
     imported there once; each chapter's child is forked fresh)."""
     from .sandbox import SandboxMode, SandboxPool, choose_mode
 
+    global _SPARES
     pool = None
     if any(nb is not None for _, nb in todo) and choose_mode(
             None if grader.sandbox == "auto" else grader.sandbox)[0] == SandboxMode.BUBBLEWRAP:
         pool = SandboxPool(grader.limits)
-        pool.prestart()
+        if _SPARES is None:
+            import atexit
+            from multiprocessing import util
+
+            _SPARES = SandboxPool(grader.limits)
+            atexit.register(_SPARES.close)
+            util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
+        spare = _SPARES.take_fresh()
+        if spare is not None:
+            pool.adopt(spare)  # started during the previous student: torch already imported
+        else:
+            pool.prestart()
+        _SPARES.prestart(1)  # the next student's, importing while this one is graded
     try:
         return [grader.grade_planned(chapter_id, notebook, pool) for chapter_id, notebook in todo]
     finally:

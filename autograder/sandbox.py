@@ -917,6 +917,23 @@ class SandboxPool:
             with self._lock:
                 self._idle.append(box)
 
+    def adopt(self, box: WarmSandbox) -> None:
+        """Take a fresh sandbox (never used by anyone) started elsewhere, e.g. a spare."""
+        with self._lock:
+            self._all.append(box)
+            self._idle.append(box)
+
+    def take_fresh(self) -> WarmSandbox | None:
+        """An idle sandbox that no chapter has used yet (a prestarted one), or None; it leaves
+        this pool (the caller's pool adopts it)."""
+        with self._lock:
+            for box in self._idle:
+                if box.alive():
+                    self._idle.remove(box)
+                    self._all.remove(box)
+                    return box
+        return None
+
     def acquire(self) -> WarmSandbox:
         with self._lock:
             while self._idle:
