@@ -25,7 +25,6 @@ import os
 import secrets
 import select
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -141,22 +140,8 @@ class _Channel:
     def next_frame(self):
         """The next complete frame, decoded; None if incomplete. WireError if malformed."""
         buf = self.results
-        if len(buf) < 12:
-            if buf and not wire.MAGIC.startswith(bytes(buf[:4])):
-                raise wire.WireError("bad frame magic")
-            return None
-        if bytes(buf[:4]) != wire.MAGIC:
-            raise wire.WireError("bad frame magic")
-        (hlen,) = struct.unpack(">Q", buf[4:12])
-        if hlen > min(wire.MAX_HEADER, self.result_cap):
-            raise wire.WireError(f"result header too large ({hlen} bytes)")
-        if len(buf) < 20 + hlen:
-            return None
-        (plen,) = struct.unpack(">Q", buf[12 + hlen: 20 + hlen])
-        if plen > self.result_cap:
-            raise wire.WireError(f"result too large ({plen} bytes)")
-        end = 20 + hlen + plen
-        if len(buf) < end:
+        end = wire.frame_length(buf, min(wire.MAX_HEADER, self.result_cap), self.result_cap)
+        if end is None:
             return None
         frame = bytes(buf[:end])
         del buf[:end]
