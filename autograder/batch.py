@@ -33,8 +33,37 @@ def class_chapters(grader: Grader, folders: list[Path]) -> list[str]:
     return [c for c in CHAPTERS if c in found]
 
 
-def _grade_chapter(grader: Grader, chapter_id: str, notebook: Path | None) -> ChapterResult:
-    return grader.grade_planned(chapter_id, notebook)
+_SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
+
+
+def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
+    """One student's chapters, one after another in the student's own warm sandbox (torch is
+    imported there once; each chapter's child is forked fresh)."""
+    from .sandbox import SandboxMode, SandboxPool, choose_mode
+
+    global _SPARES
+    pool = None
+    if any(nb is not None for _, nb in todo) and choose_mode(
+            None if grader.sandbox == "auto" else grader.sandbox)[0] == SandboxMode.BUBBLEWRAP:
+        pool = SandboxPool(grader.limits)
+        if _SPARES is None:
+            import atexit
+            from multiprocessing import util
+
+            _SPARES = SandboxPool(grader.limits)
+            atexit.register(_SPARES.close)
+            util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
+        spare = _SPARES.take_fresh()
+        if spare is not None:
+            pool.adopt(spare)  # started during the previous student: torch already imported
+        else:
+            pool.prestart()
+        _SPARES.prestart(1)  # the next student's, importing while this one is graded
+    try:
+        return [grader.grade_planned(chapter_id, notebook, pool) for chapter_id, notebook in todo]
+    finally:
+        if pool is not None:
+            pool.close()
 
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, counter) -> None:
@@ -86,9 +115,9 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
 
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True) -> dict[str, SubmissionResult]:
-    """Grade every student folder, up to `jobs` chapter notebooks at once (each in its own
-    sandboxed child). Chapters, not whole students, are the unit of work, so the workers stay
-    evenly busy to the end of the class."""
+    """Grade every student folder, up to `jobs` students at once. A student is the unit of
+    work: their chapters run one after another in one sandbox of their own, whose warm worker
+    imports torch once and forks a fresh child per chapter."""
     class_dir = Path(class_dir)
     start = time.perf_counter()
     folders = student_folders(class_dir)
@@ -105,33 +134,28 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
             r = SubmissionResult(str(folder))
             r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
             plans[folder.name] = (r, [])
-    done: dict[str, dict[int, ChapterResult]] = {name: {} for name in plans}
     results: dict[str, SubmissionResult] = {}
-
-    def finish(name: str) -> None:
-        result, todo = plans[name]
-        chapter_results = [done[name][i] for i in range(len(todo))]
-        results[name] = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
-
     pool = _worker_pool(grader, jobs, chapters) if jobs > 1 else ThreadPoolExecutor(max_workers=1)
     bar = tqdm(total=len(plans), desc="grading", unit="student", disable=not progress)
     with pool:
-        futures = {pool.submit(_grade_chapter, grader, chapter_id, notebook): (name, i, chapter_id, notebook)
-                   for name, (_, todo) in plans.items() for i, (chapter_id, notebook) in enumerate(todo)}
-        for name, (_, todo) in plans.items():
-            if not todo:
-                finish(name)
+        futures = {}
+        for name, (result, todo) in plans.items():
+            if todo:
+                futures[pool.submit(_grade_student, grader, todo)] = name
+            else:
+                results[name] = Grader.assemble(result, [], 0.0)
                 bar.update()
         for fut in as_completed(futures):
-            name, i, chapter_id, notebook = futures[fut]
+            name = futures[fut]
+            result, todo = plans[name]
             try:
-                done[name][i] = fut.result()
-            except Exception as e:  # a worker process died: this chapter only is lost
-                done[name][i] = grader.failed_chapter(chapter_id, notebook, e)
-            if len(done[name]) == len(plans[name][1]):
-                finish(name)
-                bar.set_postfix_str(name)
-                bar.update()
+                chapter_results = fut.result()
+            except Exception as e:  # a worker process died: this student only is lost
+                chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in todo]
+            results[name] = Grader.assemble(result, chapter_results,
+                                            sum(c.seconds for c in chapter_results))
+            bar.set_postfix_str(name)
+            bar.update()
     bar.close()
     if out_dir:
         out = Path(out_dir)

@@ -108,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if mode != "bubblewrap":
         print(f"WARNING: {note}", file=sys.stderr)
+    sandboxes = None
+    if args.command == "grade" and mode == "bubblewrap":
+        # The student's warm sandboxes start now: their torch imports overlap this process's.
+        from .sandbox import Limits, SandboxPool
+        import atexit
+        jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
+        sandboxes = SandboxPool(Limits.from_env(), size=jobs)
+        atexit.register(sandboxes.close)
+        sandboxes.prestart()
     from .grading import Grader
     try:
         grader = Grader(device=args.device, seed=args.seed, sandbox=args.sandbox or "auto")
@@ -116,11 +125,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.command == "grade":
+        if sandboxes is not None and "meta" in grader.devices:
+            # The meta-device references need torch's symbolic shapes (sympy, ~1 s to import):
+            # import them while this process waits for the student's sandbox to be ready.
+            import importlib
+            import threading
+            threading.Thread(target=importlib.import_module, daemon=True,
+                             args=("torch.fx.experimental.symbolic_shapes",)).start()
         from .report import gradescope, html, text
         if not args.path.exists():
             print(f"error: {args.path}: no such file or folder", file=sys.stderr)
             return 2
-        result = grader.grade_path(args.path, chapters=args.chapters, jobs=args.jobs)
+        try:
+            result = grader.grade_path(args.path, chapters=args.chapters, jobs=args.jobs,
+                                       sandboxes=sandboxes)
+        finally:
+            if sandboxes is not None:
+                sandboxes.close()
         print(text.render(result, verbose=args.verbose))
         if args.json:
             gradescope.write(result, args.json)

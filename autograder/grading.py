@@ -295,7 +295,7 @@ class Grader:
         self.quick = quick
 
     # -- one notebook -------------------------------------------------------------------------
-    def grade_notebook(self, path: Path, chapter: Chapter) -> ChapterResult:
+    def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None) -> ChapterResult:
         from .notebook import NotebookError, notebook_cells
         from .session import StudentSession
 
@@ -308,7 +308,8 @@ class Grader:
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
             result.seconds = time.perf_counter() - start
             return result
-        with StudentSession(cells, limits=self.limits, sandbox=self.sandbox) as session:
+        with StudentSession(cells, limits=self.limits, sandbox=self.sandbox,
+                            sandboxes=sandboxes) as session:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
@@ -361,13 +362,14 @@ class Grader:
             result.notes.append("no chapter notebook found.")
         return result, [(c, found.get(c)) for c in wanted]
 
-    def grade_planned(self, chapter_id: str, notebook: Path | None) -> ChapterResult:
-        """One chapter of a plan. Never raises: a grader fault zeroes this chapter only."""
+    def grade_planned(self, chapter_id: str, notebook: Path | None, sandboxes=None) -> ChapterResult:
+        """One chapter of a plan. Never raises: a grader fault zeroes this chapter only.
+        sandboxes: the student's `sandbox.SandboxPool` (warm sandboxes), if any."""
         ch = CHAPTERS[chapter_id]
         if notebook is None:
             return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
         try:
-            return self.grade_notebook(notebook, ch)
+            return self.grade_notebook(notebook, ch, sandboxes)
         except Exception as e:
             return self.failed_chapter(chapter_id, notebook, e)
 
@@ -386,12 +388,25 @@ class Grader:
         result.seconds = seconds
         return result
 
-    def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None) -> SubmissionResult:
-        """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once."""
+    def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None,
+                   sandboxes=None) -> SubmissionResult:
+        """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once, in this
+        student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; made here if None)."""
+        from .sandbox import SandboxMode, SandboxPool, choose_mode
+
         start = time.perf_counter()
         result, todo = self.plan(path, chapters)
-        with ThreadPoolExecutor(max_workers=max(1, jobs or self.jobs)) as pool:
-            done = list(pool.map(lambda item: self.grade_planned(*item), todo))
+        jobs = max(1, jobs or self.jobs)
+        own = None
+        if sandboxes is None and choose_mode(None if self.sandbox == "auto" else self.sandbox)[0] \
+                == SandboxMode.BUBBLEWRAP:
+            sandboxes = own = SandboxPool(self.limits, size=jobs)
+        try:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes), todo))
+        finally:
+            if own is not None:
+                own.close()
         return self.assemble(result, done, time.perf_counter() - start)
 
 

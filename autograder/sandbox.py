@@ -53,7 +53,8 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 # Modules the child imports: nothing secret (no references, no cases, no solutions).
-RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "contract.py",
+RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "protocol.py",
+                   "contract.py",
                    "notebook.py")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 NOBODY = 65534
@@ -102,6 +103,13 @@ class Limits:
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
     threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
+    # The grader's own deadlines and bounds (not the student's):
+    send_timeout: float = 30.0          # to hand the notebook's cells to a child
+    control_timeout: float = 10.0       # for the warm worker to fork, kill or reset
+    exit_wait: float = 2.0              # for a child that closed its pipes to report its exit
+    kill_wait: float = 10.0             # for a killed process to be reaped
+    kill_rounds: int = 20               # passes over /proc to stop a fallback child's processes
+    drain_cap: int = 8 * MiB            # output read from a killed child before giving up on it
 
     @classmethod
     def from_env(cls, **overrides) -> "Limits":
@@ -432,6 +440,40 @@ def _base_env(home: str, token: str) -> dict:
     return env
 
 
+def _config(mode: str, limits: Limits, runtime: str, sys_path: list[str], drop, token: str) -> dict:
+    """The worker's configuration (see `autograder.worker`)."""
+    gpu = bool(glob.glob("/dev/nvidia*"))
+    return {
+        "sys_path": [runtime] + sys_path,
+        "drop": drop,
+        # fallback as root: torch and the usual modules are imported before the drop, since
+        # `nobody` may not be able to read a Python installed under /root (pyenv)
+        "drop_late": mode == "fallback",
+        "token": token,
+        "threads": limits.threads,
+        "rlimits": {
+            "DATA": limits.memory,
+            "AS": None if gpu else 2 * limits.memory,
+            "CPU": limits.cpu_seconds,
+            "FSIZE": limits.file_size,
+            "CORE": 0,
+            "NOFILE": limits.nofile,
+        },
+        "nproc": limits.nproc,
+        "nproc_relative": mode == "fallback",
+        "subreaper": mode == "fallback",
+    }
+
+
+def _python_argv(runtime: str, entry: str, args: list[str]) -> list[str]:
+    code = ("import sys; sys.path[:0] = [%r]; from autograder.worker import %s; "
+            "%s(sys.argv[1:])" % (runtime, entry, entry))
+    argv = [sys.executable, "-B", "-u"]
+    if sys.version_info >= (3, 11):
+        argv.append("-P")
+    return argv + ["-c", code] + args
+
+
 class Child:
     """One launched worker process and its three pipes (requests in, results out, output out).
 
@@ -457,33 +499,8 @@ class Child:
             if root:  # no namespaces, but the student's code must not run as root
                 drop = [NOBODY, NOBODY]
                 os.chown(workdir, NOBODY, NOBODY)
-        gpu = bool(glob.glob("/dev/nvidia*"))
-        config = {
-            "sys_path": [runtime] + sys_path,
-            "drop": drop,
-            # fallback as root: torch and the usual modules are imported before the drop, since
-            # `nobody` may not be able to read a Python installed under /root (pyenv)
-            "drop_late": mode == "fallback",
-            "token": token,
-            "threads": limits.threads,
-            "rlimits": {
-                "DATA": limits.memory,
-                "AS": None if gpu else 2 * limits.memory,
-                "CPU": limits.cpu_seconds,
-                "FSIZE": limits.file_size,
-                "CORE": 0,
-                "NOFILE": limits.nofile,
-            },
-            "nproc": limits.nproc,
-            "nproc_relative": mode == "fallback",
-            "subreaper": mode == "fallback",
-        }
-        code = ("import sys; sys.path[:0] = [%r]; from autograder.worker import main; "
-                "main(sys.argv[1:])" % runtime)
-        argv = [sys.executable, "-B", "-u"]
-        if sys.version_info >= (3, 11):
-            argv.append("-P")
-        argv += ["-c", code, str(req_r), str(res_w), json.dumps(config)]
+        config = _config(mode, limits, runtime, sys_path, drop, token)
+        argv = _python_argv(runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
         if mode == "bubblewrap":
             _, _, variant = probe_bubblewrap()
             argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
@@ -516,8 +533,8 @@ class Child:
             _signal(self.proc.pid, signal.SIGKILL)
             _killpg(self.proc.pid)
         else:
-            kill_fallback_tree(self.proc.pid, self.token)
-        self.wait(10)
+            kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
+        self.wait(self.limits.kill_wait)
         if not self.closed:
             self.closed = True
             for fd in (self.req_fd, self.res_fd, self.out_fd):
@@ -528,13 +545,18 @@ class Child:
 
     def exit_description(self) -> str:
         """Why the child ended, in words."""
-        rc = self.proc.poll()
-        if rc is None:
-            return "is still running"
-        sig = -rc if rc < 0 else (rc - 128 if self.mode == "bubblewrap" and 128 < rc < 160 else 0)
-        if sig:
-            return describe_signal(sig, self.limits)
-        return f"exited with status {rc} (os._exit, sys.exit from a thread, or a fatal error)"
+        return describe_exit(self.proc.poll(), self.limits, self.mode == "bubblewrap")
+
+
+def describe_exit(rc: int | None, limits: Limits, shell_convention: bool = False) -> str:
+    """A return code (Popen's convention: -N for signal N) in words; with shell_convention,
+    128+N also means signal N (bubblewrap reports its child's death that way)."""
+    if rc is None:
+        return "is still running"
+    sig = -rc if rc < 0 else (rc - 128 if shell_convention and 128 < rc < 160 else 0)
+    if sig:
+        return describe_signal(sig, limits)
+    return f"exited with status {rc} (os._exit, sys.exit from a thread, or a fatal error)"
 
 
 def describe_signal(sig: int, limits: Limits) -> str:
@@ -602,13 +624,13 @@ def _marked(token: str, pids) -> set[int]:
     return out
 
 
-def kill_fallback_tree(root_pid: int, token: str) -> None:
+def kill_fallback_tree(root_pid: int, token: str, rounds: int = Limits.kill_rounds) -> None:
     """Stop, then kill, the child, its descendants (orphans included: the worker is a child
     subreaper), its process group, and any process carrying its environment token (a daemon
     that escaped both). Without /proc only the process group is killed."""
     me = os.getpid()
     found: set[int] = set()
-    for _ in range(20):
+    for _ in range(rounds):
         table = _proc_table()
         new = {root_pid} if root_pid in table or not table else set()
         frontier = [root_pid]
@@ -630,3 +652,324 @@ def kill_fallback_tree(root_pid: int, token: str) -> None:
     for pid in found:
         _signal(pid, signal.SIGKILL)
     _signal(root_pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- the warm worker
+
+class SandboxDied(OSError):
+    """The student's warm worker (and so the sandbox) is gone or stopped answering."""
+
+
+class WarmSandbox:
+    """One student's bubblewrap sandbox holding a warm worker (`autograder.worker.warm`) that
+    has imported torch once and forks a fresh child per chapter (`fork`). Used by one chapter
+    at a time: `reset` kills whatever that chapter left and empties /tmp before the next."""
+
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str):
+        import secrets
+        import socket
+
+        from . import protocol
+
+        self._p = protocol
+        self.limits, self.mode = limits, SandboxMode.BUBBLEWRAP
+        self.started = time_now()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out_r, out_w = os.pipe()
+        stage = stage_runtime()
+        sys_path = child_sys_path(hidden)
+        drop = [NOBODY, NOBODY] if os.geteuid() == 0 and not shutil.which("setpriv") else None
+        token = secrets.token_hex(16)
+        config = _config("bubblewrap", limits, RUNTIME_DEST, sys_path, drop, token)
+        argv = _python_argv(RUNTIME_DEST, "warm", [str(theirs.fileno()), json.dumps(config)])
+        _, _, variant = probe_bubblewrap()
+        argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                pass_fds=(theirs.fileno(),), env=_base_env("/tmp", token), cwd=workdir,
+                start_new_session=True, close_fds=True)
+        except OSError:
+            mine.close()
+            os.close(out_r)
+            raise
+        finally:
+            theirs.close()
+            os.close(out_w)
+        self.sock = mine
+        self._out_fd = out_r
+        self.output = bytearray()  # the warm worker's own output (start-up errors), last 4 KiB
+        self._cond = threading.Condition()
+        self._replies: list = []
+        self.exits: dict[int, int] = {}
+        self.ready = None          # the Ready message
+        self.dead = False
+        self._request_lock = threading.Lock()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    # -- the listener thread --------------------------------------------------------------
+    def _listen(self) -> None:
+        import select
+
+        p = self._p
+        fds = [self.sock.fileno(), self._out_fd]
+        try:
+            while True:
+                ready, _, _ = select.select(fds, [], [])
+                if self._out_fd in ready:
+                    data = os.read(self._out_fd, 1 << 16)
+                    if not data:
+                        fds.remove(self._out_fd)
+                    self.output = (self.output + data)[-4096:]
+                if self.sock.fileno() in ready:
+                    message, extra = p.receive(self.sock)
+                    p._close(extra)
+                    if message is None:
+                        break
+                    with self._cond:
+                        if isinstance(message, p.Exited):
+                            self.exits[message.pid] = message.returncode
+                        elif isinstance(message, p.Ready):
+                            self.ready = message
+                        else:
+                            self._replies.append(message)
+                        self._cond.notify_all()
+        except (OSError, ValueError):  # ProtocolError is a ValueError: garbage ends the sandbox
+            pass
+        self.kill()
+        try:
+            os.close(self._out_fd)
+        except OSError:
+            pass
+
+    def _wait(self, predicate, timeout: float):
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate() or self.dead, timeout)
+
+    # -- requests -------------------------------------------------------------------------
+    def wait_ready(self, deadline: float) -> str | None:
+        """None once the warm worker has imported everything, else why it did not start."""
+        self._wait(lambda: self.ready is not None, max(0.0, deadline - time_now()))
+        if self.ready is not None and not self.dead:
+            return None
+        timed_out = not self.dead
+        self.kill()
+        detail = self.output.decode("utf-8", "replace").strip().splitlines()[-3:]
+        why = (f"did not start within {self.limits.startup_timeout:g} s" if timed_out
+               else describe_exit(self.proc.poll(), self.limits, True))
+        return f"the grading process {why}" + (": " + " | ".join(detail) if detail else "")
+
+    def _request(self, message, fds=(), reply=None):
+        """Send a request; with `reply` (a message class) wait for it. SandboxDied if the warm
+        worker is gone or does not answer within `control_timeout` (it is killed then)."""
+        p = self._p
+        with self._request_lock:
+            if self.dead:
+                raise SandboxDied("the sandbox is gone")
+            try:
+                p.send(self.sock, message, fds)
+            except OSError as e:
+                self.kill()
+                raise SandboxDied(f"the sandbox is gone ({e})") from None
+            if reply is None:
+                return None
+            found = []
+
+            def got():
+                for i, m in enumerate(self._replies):
+                    if isinstance(m, reply):
+                        found.append(self._replies.pop(i))
+                        return True
+                return False
+
+            self._wait(got, self.limits.control_timeout)
+            if not found:
+                self.kill()
+                raise SandboxDied("the sandbox's worker stopped answering")
+            return found[0]
+
+    def fork(self, token: str) -> "ForkedChild":
+        """A fresh child for one chapter, forked from the warm worker."""
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            forked = self._request(self._p.Fork(token, {"threads": self.limits.threads}),
+                                   (req_r, res_w, out_w), self._p.Forked)
+        except BaseException:
+            for fd in (req_w, res_r, out_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (req_r, res_w, out_w):
+                os.close(fd)
+        return ForkedChild(self, forked.pid, token, req_w, res_r, out_r)
+
+    def kill_child(self, pid: int) -> None:
+        """Kill a chapter's child and its processes; the whole sandbox if the worker fails."""
+        if self.dead:
+            self.kill()
+            return
+        if pid in self.exits:
+            return
+        try:
+            self._request(self._p.Kill(pid))
+        except SandboxDied:
+            return
+        if not self._wait(lambda: pid in self.exits, self.limits.control_timeout):
+            self.kill()
+
+    def reset(self) -> bool:
+        """Kill every process but the warm worker and empty /tmp; False if that failed (the
+        sandbox is then killed)."""
+        try:
+            self._request(self._p.Reset(), reply=self._p.ResetDone)
+            return True
+        except SandboxDied:
+            return False
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill bwrap: the PID namespace, and every process in it, goes with it."""
+        _signal(self.proc.pid, signal.SIGKILL)
+        _killpg(self.proc.pid)
+        try:
+            self.proc.wait(self.limits.kill_wait)
+        except subprocess.TimeoutExpired:
+            pass
+        with self._cond:
+            self.dead = True
+            self._cond.notify_all()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class ForkedChild:
+    """A chapter's child forked by a `WarmSandbox`: the interface of `Child`."""
+
+    def __init__(self, box: WarmSandbox, pid: int, token: str, req_fd: int, res_fd: int,
+                 out_fd: int):
+        self.box, self.pid, self.token = box, pid, token
+        self.mode, self.limits = box.mode, box.limits
+        self.req_fd, self.res_fd, self.out_fd = req_fd, res_fd, out_fd
+        for fd in (req_fd, res_fd, out_fd):
+            os.set_blocking(fd, False)
+        self.closed = False
+
+    def returncode(self) -> int | None:
+        rc = self.box.exits.get(self.pid)
+        if rc is None and self.box.dead:
+            rc = self.box.proc.poll()
+            return -signal.SIGKILL if rc is None else rc
+        return rc
+
+    def alive(self) -> bool:
+        return self.returncode() is None
+
+    def wait(self, timeout: float) -> int | None:
+        self.box._wait(lambda: self.pid in self.box.exits, timeout)
+        return self.returncode()
+
+    def kill(self) -> None:
+        self.box.kill_child(self.pid)
+        if not self.closed:
+            self.closed = True
+            for fd in (self.req_fd, self.res_fd, self.out_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def exit_description(self) -> str:
+        return describe_exit(self.returncode(), self.limits, self.box.dead)
+
+
+class SandboxPool:
+    """One student's warm sandboxes (never shared between students): a chapter takes one
+    (`acquire`), gives it back (`release`: reset for the next chapter, or killed), at most one
+    chapter in a sandbox at a time. `prestart` starts them early, so their imports overlap the
+    grader's own."""
+
+    def __init__(self, limits: Limits | None = None, hide=(), size: int = 1):
+        self.limits = limits or Limits.from_env()
+        self.hidden = hidden_paths(hide)
+        self.size = max(1, size)
+        self._idle: list[WarmSandbox] = []
+        self._all: list[WarmSandbox] = []
+        self._lock = threading.Lock()
+        self._workdir = tempfile.mkdtemp(prefix="autograder-sandbox-")
+        os.chmod(self._workdir, 0o700)
+        self.closed = False
+
+    def _new(self) -> WarmSandbox:
+        box = WarmSandbox(self.limits, self.hidden, self._workdir)
+        with self._lock:
+            self._all.append(box)
+        return box
+
+    def prestart(self, n: int | None = None) -> None:
+        for _ in range(n or self.size):
+            box = self._new()
+            with self._lock:
+                self._idle.append(box)
+
+    def adopt(self, box: WarmSandbox) -> None:
+        """Take a fresh sandbox (never used by anyone) started elsewhere, e.g. a spare."""
+        with self._lock:
+            self._all.append(box)
+            self._idle.append(box)
+
+    def take_fresh(self) -> WarmSandbox | None:
+        """An idle sandbox that no chapter has used yet (a prestarted one), or None; it leaves
+        this pool (the caller's pool adopts it)."""
+        with self._lock:
+            for box in self._idle:
+                if box.alive():
+                    self._idle.remove(box)
+                    self._all.remove(box)
+                    return box
+        return None
+
+    def acquire(self) -> WarmSandbox:
+        with self._lock:
+            while self._idle:
+                box = self._idle.pop(0)
+                if box.alive():
+                    return box
+        return self._new()
+
+    def release(self, box: WarmSandbox) -> None:
+        if box.alive() and not self.closed and box.reset():
+            with self._lock:
+                if len(self._idle) < self.size:
+                    self._idle.append(box)
+                    return
+        box.kill()
+        with self._lock:
+            if box in self._all:
+                self._all.remove(box)
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            boxes, self._all, self._idle = list(self._all), [], []
+        for box in boxes:
+            box.kill()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+
+def time_now() -> float:
+    import time
+
+    return time.monotonic()

@@ -25,7 +25,6 @@ import os
 import secrets
 import select
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -35,7 +34,7 @@ import torch
 
 from . import wire
 from .calls import Call, Outcome
-from .sandbox import Child, Limits, choose_mode, hidden_paths
+from .sandbox import Child, Limits, SandboxDied, SandboxMode, SandboxPool, choose_mode, hidden_paths
 
 __all__ = ["StudentSession", "Limits"]
 
@@ -106,7 +105,7 @@ class _Channel:
         self._deliver(bytes(self.pending))
         self.pending.clear()
 
-    def drain_output(self, limit: int = 8 << 20) -> None:
+    def drain_output(self, limit: int) -> None:
         got = 0
         while not self.output_eof and got < limit:
             try:
@@ -141,22 +140,8 @@ class _Channel:
     def next_frame(self):
         """The next complete frame, decoded; None if incomplete. WireError if malformed."""
         buf = self.results
-        if len(buf) < 12:
-            if buf and not wire.MAGIC.startswith(bytes(buf[:4])):
-                raise wire.WireError("bad frame magic")
-            return None
-        if bytes(buf[:4]) != wire.MAGIC:
-            raise wire.WireError("bad frame magic")
-        (hlen,) = struct.unpack(">Q", buf[4:12])
-        if hlen > min(wire.MAX_HEADER, self.result_cap):
-            raise wire.WireError(f"result header too large ({hlen} bytes)")
-        if len(buf) < 20 + hlen:
-            return None
-        (plen,) = struct.unpack(">Q", buf[12 + hlen: 20 + hlen])
-        if plen > self.result_cap:
-            raise wire.WireError(f"result too large ({plen} bytes)")
-        end = 20 + hlen + plen
-        if len(buf) < end:
+        end = wire.frame_length(buf, min(wire.MAX_HEADER, self.result_cap), self.result_cap)
+        if end is None:
             return None
         frame = bytes(buf[:end])
         del buf[:end]
@@ -187,15 +172,22 @@ class StudentSession:
         sandbox: "auto", "bubblewrap" or "none" (default "auto"; $AUTOGRADER_SANDBOX overrides
             "auto"). Forcing "bubblewrap" where it cannot work raises RuntimeError.
         hide: more paths the student's code must not see (results files, hidden test data).
+        sandboxes: the student's `SandboxPool` (bubblewrap mode), shared by that student's
+            chapters only; by default the session starts its own. Its children are forked from
+            a warm worker that has imported torch once, so a restart costs a fork, not an import.
     """
 
     def __init__(self, cells: list[str], limits: Limits | None = None, sandbox: str = "auto",
-                 hide=()):
+                 hide=(), sandboxes: SandboxPool | None = None):
         self.cells = [c if isinstance(c, str) else "" for c in cells]
         self.limits = limits or Limits.from_env()
         requested = None if sandbox == "auto" else sandbox
         self.mode, self.note = choose_mode(requested)
         self._hidden = hidden_paths(hide)
+        self._pool, self._own_pool, self._box = None, False, None
+        if self.mode == SandboxMode.BUBBLEWRAP:
+            self._own_pool = sandboxes is None
+            self._pool = sandboxes or SandboxPool(self.limits, hide)
         self._lock = threading.RLock()
         self._child: Child | None = None
         self._channel: _Channel | None = None
@@ -298,6 +290,11 @@ class StudentSession:
         with self._lock:
             self._closed = True
             self._kill()
+            if self._box is not None:
+                self._pool.release(self._box)
+                self._box = None
+            if self._own_pool and self._pool is not None:
+                self._pool.close()
             if self._workdir:
                 shutil.rmtree(self._workdir, ignore_errors=True)
                 self._workdir = None
@@ -310,10 +307,12 @@ class StudentSession:
         for _ in range(2):  # one retry: a start-up failure is not the student's doing
             t0 = time.monotonic()
             try:
-                child = Child(self.mode, self.limits, self._hidden, self._workdir or "/",
-                              secrets.token_hex(16))
+                child = self._launch(t0 + self.limits.startup_timeout)
             except OSError as e:
                 last = f"the grading process could not be started ({e})"
+                continue
+            if isinstance(child, str):
+                last = child
                 continue
             channel = _Channel(child, self.limits.result_cap)
             startup = _Capture(_Budget(4096))
@@ -332,11 +331,34 @@ class StudentSession:
             last = f"the grading process {why}" + (": " + " | ".join(detail) if detail else "")
         return last
 
+    def _launch(self, deadline: float):
+        """A new child (bubblewrap: forked from the student's warm sandbox; fallback: a new
+        process), or why the sandbox could not start."""
+        token = secrets.token_hex(16)
+        if self._pool is None:
+            return Child(self.mode, self.limits, self._hidden, self._workdir or "/", token)
+        if self._box is not None and not self._box.alive():
+            self._pool.release(self._box)  # killed by what the student did: start a new one
+            self._box = None
+        if self._box is None:
+            self._box = self._pool.acquire()
+        why = self._box.wait_ready(deadline)
+        if why:
+            self._pool.release(self._box)
+            self._box = None
+            return why
+        try:
+            return self._box.fork(token)
+        except SandboxDied as e:
+            self._pool.release(self._box)
+            self._box = None
+            return f"the grading process could not be started ({e})"
+
     def _kill(self) -> None:
         if self._child is not None:
             self._child.kill()
             if self._channel is not None:
-                self._channel.drain_output()
+                self._channel.drain_output(self.limits.drain_cap)
                 self._channel.flush_output()
         self._child = None
 
@@ -353,14 +375,14 @@ class StudentSession:
                     return ("malformed", "a result that is not a record")
                 return event
             if ch.results_eof:
-                ch.drain_output()
-                self._child.wait(2)
+                ch.drain_output(self.limits.drain_cap)
+                self._child.wait(self.limits.exit_wait)
                 return "dead"
             if time.monotonic() >= deadline:
                 return "timeout"
             ready = {fd for fd, _ in _poll_wait(ch, deadline)}
             if self._child.out_fd in ready:
-                ch.drain_output()
+                ch.drain_output(self.limits.drain_cap)
             if self._child.res_fd in ready:
                 try:
                     ch.read_results()
@@ -384,7 +406,7 @@ class StudentSession:
                 return False
             ready = {fd for fd, _ in _poll_wait(ch, deadline, write=view)}
             if self._child.out_fd in ready:
-                ch.drain_output()
+                ch.drain_output(self.limits.drain_cap)
             if self._child.res_fd in ready:
                 try:
                     ch.read_results()
@@ -408,7 +430,7 @@ class StudentSession:
         left = max(0.0, end - time.monotonic())
         if not self._send({"op": "cells", "cells": self.cells, "skip": sorted(self._skip),
                            "timeout": limits.cell_timeout, "budget": left},
-                          time.monotonic() + 30):
+                          time.monotonic() + limits.send_timeout):
             self._kill()  # died before it could read the cells: no cell is to blame
             return "restart"
         expected = 1
@@ -445,7 +467,7 @@ class StudentSession:
         else:
             child = self._child
             if child is not None:
-                child.wait(2)
+                child.wait(self.limits.exit_wait)
             self._kill()
             message = "crashed the grading process: it " + (
                 child.exit_description() if child else "ended")
@@ -529,7 +551,7 @@ class StudentSession:
         elif event == "dead":
             child = self._child
             if child is not None:
-                child.wait(2)  # its own exit status, not the SIGKILL of the clean-up below
+                child.wait(self.limits.exit_wait)  # its own exit status, not the SIGKILL of the clean-up below
             self._kill()
             outcome = Outcome.failure(
                 "Crash", f"{name} crashed the grading process: it "
@@ -542,7 +564,7 @@ class StudentSession:
         if outcome.seconds == 0.0 and outcome.error and outcome.error.get("type") in ("Timeout", "Crash"):
             outcome.seconds = time.monotonic() - t0
         if self._channel is not None:
-            self._channel.drain_output()
+            self._channel.drain_output(self.limits.drain_cap)
         self.last_output = capture.text()
         return outcome
 

@@ -106,6 +106,28 @@ def read_frame(stream: BinaryIO) -> Any:
     return _decode(header, payload)
 
 
+def frame_length(buf, max_header: int = MAX_HEADER, max_payload: int = MAX_PAYLOAD) -> int | None:
+    """The length of the complete frame at the start of `buf`, or None while it is incomplete;
+    WireError as soon as it is malformed or over the limits. The one frame parser of both
+    sides (`read_frame` reads a stream, the grader's session a non-blocking pipe)."""
+    if len(buf) < 12:
+        if buf and not MAGIC.startswith(bytes(buf[:4])):
+            raise WireError("bad frame magic")
+        return None
+    if bytes(buf[:4]) != MAGIC:
+        raise WireError("bad frame magic")
+    (hlen,) = struct.unpack_from(">Q", buf, 4)
+    if hlen > max_header:
+        raise WireError(f"header too large ({hlen} bytes)")
+    if len(buf) < 20 + hlen:
+        return None
+    (plen,) = struct.unpack_from(">Q", buf, 12 + hlen)
+    if plen > max_payload:
+        raise WireError(f"payload too large ({plen} bytes)")
+    end = 20 + hlen + plen
+    return end if len(buf) >= end else None
+
+
 def decode(frame: bytes) -> Any:
     return read_frame(io.BytesIO(frame))
 

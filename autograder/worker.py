@@ -103,7 +103,7 @@ def _display(*objs, **kwargs):
 
 # Imported before a late privilege drop (fallback as root), for a Python installation that the
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
-PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional",
+PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
              "torch.fx.experimental.symbolic_shapes",  # the meta-device checks need it (sympy)
              "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
@@ -212,11 +212,26 @@ def _reap() -> None:
             return
 
 
+def _import_runtime() -> None:
+    """What every chapter needs, imported once (by the warm worker, before any fork)."""
+    import torch  # noqa: F401
+
+    from . import calls, execute, wire  # noqa: F401
+
+
 def main(argv: list[str]) -> None:
+    """One chapter in one freshly started process (the fallback mode)."""
     start = time.perf_counter()
     req_fd, res_fd, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
     _prepare(config)
+    _import_runtime()
+    serve(req_fd, res_fd, config, start)
 
+
+def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
+    """Run one chapter: answer `cells` and `call` requests until the request pipe closes."""
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
     import torch
 
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
@@ -382,3 +397,210 @@ def _safe_name(obj) -> str:
         return str(type(obj).__name__)[:100]
     except BaseException:
         return "Exception"
+
+
+# ------------------------------------------------------------------------- the warm worker
+
+def warm(argv: list[str]) -> None:
+    """One student's warm worker: import once, then fork a fresh child per chapter.
+
+    Started inside the student's sandbox as ... -c "...; warm(sys.argv[1:])" CONTROL CONFIG, with
+    CONTROL the control socket (`autograder.protocol`). It never runs student code: every
+    chapter's child is forked from this state (torch imported, nothing run), so what one
+    chapter does to its interpreter (a monkeypatched torch, say) never reaches another.
+    """
+    start = time.perf_counter()
+    ctl_fd, config = int(argv[0]), json.loads(argv[1])
+    _prepare(config)
+    _prctl(4, 0)   # PR_SET_DUMPABLE 0: the chapters (same uid) cannot ptrace or read this one
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a chapter come back here and are killed
+    import importlib
+    import select
+    import socket
+
+    from . import protocol as p
+
+    for name in PREIMPORT:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+    _import_runtime()
+    ctl = socket.socket(fileno=ctl_fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *a: None)
+    signal.set_wakeup_fd(wake_w)
+    chapters: dict[int, str] = {}  # live chapter children: pid -> token
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if chapters.pop(pid, None) is not None:
+                rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                p.send(ctl, p.Exited(pid, rc))
+        for pid in _children_of(os.getpid()):  # an orphan of a chapter that ended
+            if pid not in chapters:
+                _kill_tree(pid)
+
+    p.send(ctl, p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
+    while True:
+        try:
+            ready, _, _ = select.select([ctl, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except OSError:
+                pass
+        reap()
+        if ctl not in ready:
+            continue
+        try:
+            message, fds = p.receive(ctl)
+        except (p.ProtocolError, OSError):
+            break
+        if message is None:
+            break
+        if isinstance(message, p.Fork) and len(fds) == 3:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (ctl_fd, wake_r, wake_w):
+                        os.close(fd)
+                    os.setsid()
+                    req, res, out = fds
+                    os.dup2(out, 1)
+                    os.dup2(out, 2)
+                    os.close(out)
+                    _prctl(36, 1)  # its own orphans stay below it, so killing it finds them
+                    os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
+                    sys.argv[:] = ["-c", str(req), str(res)]  # as a started chapter's would be
+                    serve(req, res, {**config, **message.config, "token": message.token}, start)
+                finally:
+                    os._exit(0)
+            for fd in fds:
+                os.close(fd)
+            chapters[pid] = message.token
+            p.send(ctl, p.Forked(pid))
+        elif isinstance(message, p.Kill):
+            if message.pid in chapters:
+                _kill_tree(message.pid)
+        elif isinstance(message, p.Reset):
+            for pid in list(chapters):
+                _kill_tree(pid)
+            _kill_all_but_me()
+            reap()
+            _empty(os.environ.get("TMPDIR", "/tmp"))
+            p.send(ctl, p.ResetDone())
+        else:
+            for fd in fds:
+                os.close(fd)
+            break
+    _kill_all_but_me()
+    os._exit(0)
+
+
+def _proc_table() -> dict[int, int]:
+    """pid -> parent pid, from /proc (the sandbox's own)."""
+    table = {}
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/stat", "rb") as f:
+                    stat = f.read()
+                table[int(e)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    return table
+
+
+def _children_of(pid: int) -> list[int]:
+    return [c for c, parent in _proc_table().items() if parent == pid]
+
+
+def _kill_tree(root: int) -> None:
+    """Stop the process, its descendants and its process group, then kill them all (stopped
+    first, so none can fork away while the tree is walked)."""
+    found: set[int] = set()
+    while True:
+        table = _proc_table()
+        new, frontier = {root} if root in table else set(), [root]
+        while frontier:
+            q = frontier.pop()
+            for pid, ppid in table.items():
+                if ppid == q and pid not in new:
+                    new.add(pid)
+                    frontier.append(pid)
+        new -= found
+        if not new:
+            break
+        for pid in new:
+            _kill(pid, signal.SIGSTOP)
+        found |= new
+    try:
+        os.killpg(root, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in found | {root}:
+        _kill(pid, signal.SIGKILL)
+
+
+def _kill_all_but_me() -> None:
+    """Every process of the sandbox but this one and bubblewrap's init (PID 1). Only in a PID
+    namespace of its own (the warm worker is PID 2 there), never outside one."""
+    me = os.getpid()
+    if me != 2:
+        return
+    for _ in range(3):
+        others = [pid for pid in _proc_table() if pid not in (1, me)]
+        if not others:
+            return
+        for pid in others:
+            _kill(pid, signal.SIGSTOP)
+        for pid in others:
+            _kill(pid, signal.SIGKILL)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def _empty(folder: str) -> None:
+    """Remove everything in `folder` (a chapter's files must not reach the next chapter)."""
+    import shutil
+
+    def fix(func, path, _exc):
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            func(path)
+        except OSError:
+            pass
+
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for name in entries:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=fix)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

@@ -196,10 +196,10 @@ def test_grading_is_deterministic_and_solutions_never_flake():
 def test_a_grader_fault_zeroes_that_chapter_only_and_says_so(monkeypatch):
     real = Grader.grade_notebook
 
-    def faulty(self, path, chapter):
+    def faulty(self, path, chapter, *args, **kwargs):
         if chapter.id == CH2:
             raise RuntimeError("boom")
-        return real(self, path, chapter)
+        return real(self, path, chapter, *args, **kwargs)
 
     monkeypatch.setattr(Grader, "grade_notebook", faulty)
     result = Grader(device="cpu").grade_path(REPO / "solutions", chapters=["01_intuition", CH2])

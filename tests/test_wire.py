@@ -64,3 +64,17 @@ def test_rejects_bad_magic_and_oversized_header():
         wire.read_frame(io.BytesIO(wire.MAGIC + struct.pack(">Q", wire.MAX_HEADER + 1)))
     with pytest.raises(EOFError):
         wire.read_frame(io.BytesIO(b""))
+
+
+def test_frame_length_is_the_one_parser_for_partial_and_malformed_frames():
+    frame = wire.encode({"x": torch.arange(3), "s": "é"})
+    for n in range(len(frame)):  # every prefix is incomplete, never an error
+        assert wire.frame_length(frame[:n]) is None
+    assert wire.frame_length(frame) == len(frame)
+    assert wire.frame_length(frame + b"AGW1") == len(frame)  # the next frame's start stays
+    with pytest.raises(wire.WireError, match="magic"):
+        wire.frame_length(b"XGW1" + frame[4:])
+    with pytest.raises(wire.WireError, match="header too large"):
+        wire.frame_length(frame, max_header=3)
+    with pytest.raises(wire.WireError, match="payload too large"):
+        wire.frame_length(frame, max_payload=3)

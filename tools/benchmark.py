@@ -8,6 +8,8 @@
 2. `nbgrader autograde` of the same six notebooks, in the same run;
 3. a batch of N submissions with --jobs 1 and --jobs 2;
 4. the time of each self-check (the student-side check) on the reference.
+With --before DIR, [1] also times another checkout's `grade solutions` in the same
+alternation (before/after figures on the same machine and load).
 Targets (issue 8, 2 cores): (1) <= 3x import torch with sandbox: bubblewrap; (3) 20 students
 (half solutions, half stubs) --jobs 2 <= 30 s and >= 1.7x faster than --jobs 1; each
 self-check < 1 s.
@@ -32,35 +34,47 @@ from autograder.contract import CHAPTERS  # noqa: E402
 from autograder.references import load_reference  # noqa: E402
 
 
-def _wall(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+def _wall(cmd: list[str], cwd: Path = REPO) -> tuple[float, subprocess.CompletedProcess]:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
     start = time.perf_counter()
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     return time.perf_counter() - start, r
 
 
-def grade_solutions(runs: int) -> float:
-    """Whole-process wall time of `grade solutions` and of `import torch`, alternating."""
-    torch_times, grade_times, modes, totals = [], [], set(), set()
+def grade_solutions(runs: int, before: Path | None = None) -> float:
+    """Whole-process wall time of `grade solutions` and of `import torch`, alternating; with
+    `before` (another checkout, e.g. the previous commit), its `grade solutions` too."""
+    checkouts = {"this checkout": REPO}
+    if before:
+        checkouts = {f"before ({before})": before, **checkouts}
+    torch_times: list[float] = []
+    grade_times: dict[str, list[float]] = {name: [] for name in checkouts}
+    modes: dict[str, set] = {name: set() for name in checkouts}
+    totals: dict[str, set] = {name: set() for name in checkouts}
     for _ in range(runs):
         seconds, _ = _wall([sys.executable, "-c", "import torch"])
         torch_times.append(seconds)
-        seconds, r = _wall([sys.executable, "-m", "autograder", "grade", "solutions",
-                            "--device", "cpu"])
-        if r.returncode != 0:
-            print(f"[1] grade solutions failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-            return float("nan")
-        grade_times.append(seconds)
-        found = re.search(r"Total: (\S+ / \S+) .*sandbox: (\w+)", r.stdout)
-        if found:
-            totals.add(found.group(1))
-            modes.add(found.group(2))
-    t, g = statistics.median(torch_times), statistics.median(grade_times)
+        for name, where in checkouts.items():
+            seconds, r = _wall([sys.executable, "-m", "autograder", "grade", "solutions",
+                                "--device", "cpu"], where)
+            if r.returncode != 0:
+                print(f"[1] {name}: grade solutions failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+                return float("nan")
+            grade_times[name].append(seconds)
+            found = re.search(r"Total: (\S+ / \S+) .*sandbox: (\w+)", r.stdout)
+            if found:
+                totals[name].add(found.group(1))
+                modes[name].add(found.group(2))
+    t = statistics.median(torch_times)
     print(f"[1] python -c 'import torch': {' '.join(f'{x:.2f}' for x in torch_times)} s "
           f"(median {t:.2f} s)")
-    print(f"[1] python -m autograder grade solutions: {' '.join(f'{x:.2f}' for x in grade_times)} s "
-          f"(median {g:.2f} s), score {', '.join(sorted(totals))}, sandbox: {', '.join(sorted(modes))}")
-    print(f"[1] ratio grade solutions / import torch: {g / t:.1f}x (target <= 3x)")
-    return g
+    for name, times in grade_times.items():
+        g = statistics.median(times)
+        print(f"[1] {name}: python -m autograder grade solutions: "
+              f"{' '.join(f'{x:.2f}' for x in times)} s (median {g:.2f} s), score "
+              f"{', '.join(sorted(totals[name]))}, sandbox: {', '.join(sorted(modes[name]))}")
+        print(f"[1] {name}: ratio grade solutions / import torch: {g / t:.1f}x (target <= 3x)")
+    return statistics.median(grade_times["this checkout"])
 
 
 def nbgrader_autograde(tmp: Path) -> float | None:
@@ -134,11 +148,14 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=5, help="runs of [1] (medians are printed)")
     p.add_argument("--skip-nbgrader", action="store_true")
     p.add_argument("--only-grade", action="store_true", help="only [1]")
+    p.add_argument("--before", type=Path, default=None,
+                   help="another checkout (e.g. `git archive` of the previous commit) whose "
+                        "`grade solutions` [1] also times, alternating with this one")
     args = p.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, sandbox={os.environ.get('AUTOGRADER_SANDBOX', 'auto')}")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        ours = grade_solutions(args.runs)
+        ours = grade_solutions(args.runs, args.before)
         if args.only_grade:
             return 0
         theirs = None if args.skip_nbgrader else nbgrader_autograde(tmp)
