@@ -109,7 +109,7 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     if m.not_implemented:
         lines = [f"✗ {exercise}: not implemented yet (the stub raises NotImplementedError)."]
         if answer:
-            lines = [f"✗ {exercise}: not answered yet (replace the `...` with your answer)."]
+            lines = [f"✗ {exercise}: not implemented yet (replace the `...` with your answer)."]
     elif answer:
         lines = [f"✗ {exercise}: {m.message}"] + ([f"  hint: {m.hint}"] if m.hint else [])
     elif m.hint:
