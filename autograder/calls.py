@@ -59,6 +59,8 @@ class Call:
         as_default: run with `device` and `dtype` as torch's defaults (for functions such as
             sinusoidal_positional_encoding that create tensors from no input tensor).
         measure_memory: record the largest tensor the call creates (Outcome.largest_tensor).
+        answer: the target is a plain value (a "predict" exercise's answer: a number or a nested
+            list of numbers), not called but read, as a float64 CPU tensor (execute.py).
     """
 
     chapter: str
@@ -78,6 +80,7 @@ class Call:
     dtype: str = "float64"
     as_default: bool = False
     measure_memory: bool = False
+    answer: bool = False
 
     def to_plain(self) -> dict:
         return asdict(self)

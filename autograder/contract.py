@@ -76,7 +76,10 @@ class Exercise:
     """One graded name of the contract.
 
     kind: "function", "module" (an nn.Module class; construction, parameters and forward are
-    graded) or "method" (a method of the chapter's module class, e.g. prepare_qkv).
+    graded) or "method" (a method of the chapter's module class, e.g. prepare_qkv); or
+    "answer": a "predict the output" exercise, a plain value (number or nested list of
+    numbers) assigned to the name, read rather than called (autograder/answers.py).
+    The "find the bug" exercises (`fixed_*`) are ordinary functions.
     """
 
     name: str
@@ -113,33 +116,45 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
     Chapter("01_intuition", "Intuition", (
         Exercise("softmax", "function", 5, NO_SOFTMAX),
         Exercise("attention_pool", "function", 5, builds_on=("softmax",)),
+        Exercise("predict_softmax_large", "answer", 1),
+        Exercise("fixed_softmax_rows", "function", 2, NO_SOFTMAX),
     )),
     Chapter("02_scaled_dot_product_attention", "Scaled dot-product attention", (
         Exercise("scaled_dot_product_attention", "function", 10, NO_ATTENTION),
         Exercise("SelfAttention", "module", 5, NO_ATTENTION, builds_on=("scaled_dot_product_attention",)),
+        Exercise("predict_equal_keys_output", "answer", 1),
+        Exercise("fixed_masked_attention", "function", 2, NO_ATTENTION),
     )),
     Chapter("03_multi_head_attention", "Multi-head attention", (
         Exercise("split_heads", "function", 3, NO_ATTENTION),
         Exercise("merge_heads", "function", 2, NO_ATTENTION),
         Exercise("MultiHeadAttention", "module", 10, NO_ATTENTION, builds_on=("split_heads", "merge_heads")),
         Exercise("MultiHeadSelfAttention", "module", 5, NO_ATTENTION, builds_on=("merge_heads",)),
+        Exercise("predict_split_heads_shape", "answer", 1),
+        Exercise("fixed_heads_attention", "function", 2, NO_ATTENTION),
     )),
     Chapter("04_positional_encoding", "Positional encoding", (
         Exercise("sinusoidal_positional_encoding", "function", 4),
         Exercise("SinusoidalPositionalEncoding", "module", 3, builds_on=("sinusoidal_positional_encoding",)),
         Exercise("LearnedPositionalEmbedding", "module", 3),
         Exercise("apply_rotary_embedding", "function", 5),
+        Exercise("predict_pe_first_row", "answer", 1),
+        Exercise("fixed_pe_angles", "function", 2),
     )),
     Chapter("05_masks", "Masks", (
         Exercise("causal_mask", "function", 3),
         Exercise("padding_mask", "function", 3),
         Exercise("decoder_mask", "function", 4, builds_on=("causal_mask", "padding_mask")),
+        Exercise("predict_fully_masked_weights", "answer", 1),
+        Exercise("fixed_masked_softmax", "function", 2),
     )),
     Chapter("06_gated_global_attention", "Gated and global attention", (
         Exercise("prepare_qkv", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
         Exercise("prepare_qkv_global", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
         Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION,
                  builds_on=("prepare_qkv", "prepare_qkv_global")),
+        Exercise("predict_zero_gate_factor", "answer", 1),
+        Exercise("fixed_global_query", "function", 2, NO_ATTENTION),
     )),
     Chapter("07_efficient_attention", "Efficient attention", (
         Exercise("online_softmax_attention", "function", 10, NO_ATTENTION),
@@ -147,12 +162,16 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
         Exercise("GroupedQueryAttention", "module", 8, NO_ATTENTION, builds_on=("repeat_kv",)),
         Exercise("sliding_window_mask", "function", 2, NO_ATTENTION),
         Exercise("alibi_bias", "function", 3, NO_ATTENTION),
+        Exercise("predict_window_row", "answer", 1),
+        Exercise("fixed_merge_softmax_stats", "function", 2, NO_ATTENTION),
     )),
     Chapter("08_transformer", "A transformer that learns", (
         Exercise("MultiHeadAttention", "module", 3, NO_TRANSFORMER),
         Exercise("FeedForward", "module", 3, NO_TRANSFORMER),
         Exercise("TransformerBlock", "module", 6, NO_TRANSFORMER, builds_on=("MultiHeadAttention", "FeedForward")),
         Exercise("TinyTransformer", "module", 8, NO_TRANSFORMER, builds_on=("TransformerBlock",)),
+        Exercise("predict_feedforward_params", "answer", 1),
+        Exercise("fixed_next_token_loss", "function", 2, NO_TRANSFORMER),
     )),
 )}
 

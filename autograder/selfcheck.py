@@ -93,6 +93,10 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     SelfCheckFailed with the diagnosis (or, with raise_on_failure=False, print it and return False)."""
     results = run_checks(chapter, exercise, obj)
     failed = [(c, m) for c, m, _ in results if m]
+    answer = CHAPTERS[chapter].exercise(exercise).kind == "answer"
+    if not failed and answer:
+        print(f"✓ {exercise}: right.")
+        return True
     if not failed:
         print(f"✓ {exercise}: {len(results)} quick checks passed "
               "(shapes, values, gradients, masks, device portability). The autograder runs more cases.")
@@ -104,6 +108,10 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     lines = [f"✗ {exercise}: failed on case '{c.case}'{device}", f"  {m.message}"]
     if m.not_implemented:
         lines = [f"✗ {exercise}: not implemented yet (the stub raises NotImplementedError)."]
+        if answer:
+            lines = [f"✗ {exercise}: not implemented yet (replace the `...` with your answer)."]
+    elif answer:
+        lines = [f"✗ {exercise}: {m.message}"] + ([f"  hint: {m.hint}"] if m.hint else [])
     elif m.hint:
         lines.append(f"  hint: {m.hint}")
     if not raise_on_failure:

@@ -7,7 +7,8 @@
 
 The solution notebooks are the only hand-edited exercise code. For each `solutions/NN_name.ipynb`
 this runs nbgrader's `generate_assignment` preprocessors that need no course database
-(ClearSolutions with its default stub `raise NotImplementedError()`, ClearHiddenTests,
+(ClearSolutions with its default stub `raise NotImplementedError()`, or `name = ...` in a
+"predict the output" answer cell, grade id `predict_*`; ClearHiddenTests,
 ClearMarkScheme, ClearOutput, LockCells, ComputeChecksums, CheckCellMetadata), then tags every
 self-check cell (an nbgrader grade cell) `raises-exception`, since it fails on the stubs.
 
@@ -84,6 +85,35 @@ def marker_problems(nb, name: str = "notebook") -> list[str]:
     return problems
 
 
+ANSWER_PREFIX = "predict_"  # grade_id of a "predict the output" answer cell (contract kind "answer")
+
+
+def answer_stub(cell) -> str | None:
+    """The stub of a "predict the output" cell: `name = ...` for each name its solution assigns
+    (so the exercise notebook runs, and the self-check says "not answered yet"); None for other cells."""
+    grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+    if cell.cell_type != "code" or not grade_id.startswith(ANSWER_PREFIX):
+        return None
+    names = re.findall(r"^(\w+)\s*=", cell.source, flags=re.M)
+    return "\n".join(f"{name} = ...  # YOUR ANSWER HERE" for name in dict.fromkeys(names)) or None
+
+
+class ClearSolutionsAndAnswers(ClearSolutions):
+    """nbgrader's ClearSolutions, with `name = ...` rather than `raise NotImplementedError()` as the
+    stub of an answer cell: a top-level raise would stop the notebook there."""
+
+    def preprocess_cell(self, cell, resources, index):
+        stub = answer_stub(cell)
+        if stub is None:
+            return super().preprocess_cell(cell, resources, index)
+        saved = dict(self.code_stub)
+        self.code_stub = {**saved, "python": stub}
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        finally:
+            self.code_stub = saved
+
+
 class TagSelfChecks(Preprocessor):
     """Tag the self-check cells (nbgrader grade cells that are not solution cells)
     `raises-exception`: they fail while the exercises are stubs, and the book and the notebook
@@ -101,7 +131,7 @@ class TagSelfChecks(Preprocessor):
 def _preprocessors() -> list:
     # The order of nbgrader's GenerateAssignment converter, less the database-backed steps.
     return [
-        ClearSolutions(),
+        ClearSolutionsAndAnswers(),
         ClearOutput(),
         LockCells(),
         ComputeChecksums(),

@@ -62,8 +62,13 @@ def _module(chapter: str):
 
 
 def build_cases(chapter: str, exercise: str, ref: dict, *, seed: int, quick: bool = False) -> list[Call]:
+    from .extra import CASES as EXTRA_CASES  # the "predict" and "find the bug" exercises
+
     ex = CHAPTERS[chapter].exercise(exercise)
-    calls = _module(chapter).cases(exercise, generator(seed, chapter, exercise), ref, quick)
+    make = EXTRA_CASES.get((chapter, exercise))
+    if make is None:
+        make = lambda gen, ref, quick: _module(chapter).cases(exercise, gen, ref, quick)  # noqa: E731
+    calls = make(generator(seed, chapter, exercise), ref, quick)
     return [dataclasses.replace(c, chapter=chapter, exercise=exercise, target=c.target or ex.target)
             for c in calls]
 
@@ -72,6 +77,9 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
     """The chapter's own comparison where it has one, else `autograder.compare.compare`."""
     from .. import compare as generic
 
+    if call.answer:  # a "predict" exercise: a hand-written value (autograder/answers.py)
+        from ..answers import compare_answer
+        return compare_answer(call, student, expected)
     own = getattr(_module(call.chapter), "compare", None)
     return (own or generic.compare)(call, student, expected, notes)
 
@@ -92,6 +100,10 @@ def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | Non
     if mismatch.not_implemented or mismatch.aspect in NO_HINT_ASPECTS:
         return None  # a stub, or not the code's values: any hint about the behaviour would mislead
     try:
+        from .extra import HINTS as EXTRA_HINTS
+
+        if (call.chapter, call.exercise) in EXTRA_HINTS:
+            return exercise_hint(EXTRA_HINTS[call.chapter, call.exercise], call, student, expected, mismatch)
         module = _module(call.chapter)
         table = getattr(module, "HINTS", None)
         if table is None:  # a chapter module on the older API: its own hint function
