@@ -104,11 +104,7 @@ def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | Non
 
         if (call.chapter, call.exercise) in EXTRA_HINTS:
             return exercise_hint(EXTRA_HINTS[call.chapter, call.exercise], call, student, expected, mismatch)
-        module = _module(call.chapter)
-        table = getattr(module, "HINTS", None)
-        if table is None:  # a chapter module on the older API: its own hint function
-            return module.hint(call, student, expected, mismatch)
-        spec = table.get(call.exercise)
+        spec = _module(call.chapter).HINTS.get(call.exercise)
         return (spec and exercise_hint(spec, call, student, expected, mismatch)) \
             or convention_hint(call, student, expected, mismatch)
     except Exception:
