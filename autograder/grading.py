@@ -13,6 +13,7 @@ the exercise. Every case is judged by `judge`, which the self-check and nbgrader
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -54,6 +55,7 @@ class ReferenceCache:
     def __init__(self):
         self._lock = threading.Lock()
         self._outcomes: dict = {}
+        self._pending: dict = {}  # key -> Event, while one thread computes that outcome
         self._cases: dict = {}
 
     def cases(self, chapter: str, exercise: str, seed: int, quick: bool) -> list[Call]:
@@ -65,21 +67,61 @@ class ReferenceCache:
             return self._cases[key]
 
     def expected(self, call: Call, key: tuple) -> Outcome:
-        with self._lock:
-            hit = self._outcomes.get(key)
-        if hit is None:
+        """The reference's outcome of `call`, computed once: a thread that asks while another
+        computes the same outcome (`warm_in_background` and the grading loop) waits for it."""
+        while True:
+            with self._lock:
+                hit = self._outcomes.get(key)
+                if hit is not None:
+                    return hit
+                pending = self._pending.get(key)
+                if pending is None:
+                    pending = self._pending[key] = threading.Event()
+                    break  # this thread computes it
+            pending.wait()
+        try:
             hit = execute(load_reference(call.chapter), call)
             with self._lock:
                 self._outcomes[key] = hit
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+            pending.set()
         return hit
 
-    def warm(self, chapter_ids, devices: list[str], seed: int, quick: bool) -> None:
-        """Compute every reference outcome the grading of these chapters will ask for."""
+    @contextlib.contextmanager
+    def warming(self, chapter_ids, devices: list[str], seed: int, quick: bool):
+        """`warm` in a thread for the duration of the block: the grader computes reference
+        outcomes while the student's sandbox starts and runs the notebooks (time it would
+        otherwise spend waiting). The thread stops and is joined when the block ends (a thread
+        still inside torch at interpreter exit aborts the process). A failure there costs
+        nothing: the grading loop computes what is missing itself."""
+        stop = threading.Event()
+
+        def run():
+            try:
+                self.warm(chapter_ids, devices, seed, quick, stop)
+            except Exception:
+                pass
+        thread = threading.Thread(target=run, name="reference-warm")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def warm(self, chapter_ids, devices: list[str], seed: int, quick: bool,
+             stop: threading.Event | None = None) -> None:
+        """Compute every reference outcome the grading of these chapters will ask for (until
+        `stop` is set)."""
         for chapter_id in chapter_ids:
             for ex in CHAPTERS[chapter_id].exercises:
                 cases = self.cases(chapter_id, ex.name, seed, quick)
                 for device in devices:
                     for index, c in variants(cases, device):
+                        if stop is not None and stop.is_set():
+                            return
                         self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
 
     def snapshot(self) -> bytes:
@@ -401,8 +443,10 @@ class Grader:
         if sandboxes is None and choose_mode(None if self.sandbox == "auto" else self.sandbox)[0] \
                 == SandboxMode.BUBBLEWRAP:
             sandboxes = own = SandboxPool(self.limits, size=jobs)
+        submitted = [ch for ch, notebook in todo if notebook is not None]
         try:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
+            with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
+                    ThreadPoolExecutor(max_workers=jobs) as pool:
                 done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes), todo))
         finally:
             if own is not None:
