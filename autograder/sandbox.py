@@ -535,13 +535,7 @@ class Child:
         else:
             kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
         self.wait(self.limits.kill_wait)
-        if not self.closed:
-            self.closed = True
-            for fd in (self.req_fd, self.res_fd, self.out_fd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_pipes(self)
 
     def exit_description(self) -> str:
         """Why the child ended, in words."""
@@ -655,6 +649,17 @@ def kill_fallback_tree(root_pid: int, token: str, rounds: int = Limits.kill_roun
 
 
 # --------------------------------------------------------------------------- the warm worker
+
+def _close_pipes(child) -> None:
+    """Close a child's three pipe ends, once (a child may be killed more than once)."""
+    if not child.closed:
+        child.closed = True
+        for fd in (child.req_fd, child.res_fd, child.out_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
 
 class SandboxDied(OSError):
     """The student's warm worker (and so the sandbox) is gone or stopped answering."""
@@ -876,13 +881,7 @@ class ForkedChild:
 
     def kill(self) -> None:
         self.box.kill_child(self.pid)
-        if not self.closed:
-            self.closed = True
-            for fd in (self.req_fd, self.res_fd, self.out_fd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_pipes(self)
 
     def exit_description(self) -> str:
         return describe_exit(self.returncode(), self.limits, self.box.dead)
