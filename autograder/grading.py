@@ -124,23 +124,62 @@ class ReferenceCache:
                             return
                         self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
 
-    def snapshot(self) -> bytes:
-        """The cases and CPU/meta outcomes, pickled for worker processes of this same grader.
-        (Pickle is safe here: this is the grader's own reference data, never student output.
-        CUDA outcomes stay out: a worker computes those on its own device.)"""
-        import pickle
-
+    def export(self, seed: int | None = None, quick: bool | None = None) -> dict:
+        """The cases and CPU/meta outcomes (of one seed and quick setting, or all), as plain
+        data for `wire`. CUDA outcomes stay out: they belong to one machine's device."""
+        def wanted(s, q):
+            return (seed is None or s == seed) and (quick is None or q == quick)
         with self._lock:
-            outcomes = {k: v for k, v in self._outcomes.items() if k[-2] != "cuda"}
-            return pickle.dumps((dict(self._cases), outcomes))
+            cases = [[list(k), [c.to_plain() for c in calls]] for k, calls in self._cases.items()
+                     if wanted(k[2], k[3])]
+            outcomes = [[list(k), o.to_plain()] for k, o in self._outcomes.items()
+                        if k[-2] != "cuda" and wanted(k[2], k[3])]
+        return {"cases": cases, "outcomes": outcomes}
+
+    def merge(self, plain: dict) -> int:
+        """Add what `export` gave (read back); how many outcomes were added. Data that does not
+        fit adds nothing (it is then computed again)."""
+        try:
+            cases = {tuple(k): [Call.from_plain(c) for c in calls] for k, calls in plain["cases"]}
+            outcomes = {tuple(k): Outcome.from_plain(o) for k, o in plain["outcomes"]}
+        except (TypeError, ValueError, KeyError):
+            return 0
+        with self._lock:
+            for k, calls in cases.items():
+                self._cases.setdefault(k, calls)
+            added = [k for k in outcomes if k not in self._outcomes]
+            for k in added:
+                self._outcomes[k] = outcomes[k]
+        return len(added)
+
+    def complete(self, chapter_ids, devices: list[str], seed: int, quick: bool) -> bool:
+        """Whether every reference outcome these chapters need is here already."""
+        with self._lock:
+            for chapter_id in chapter_ids:
+                for ex in CHAPTERS[chapter_id].exercises:
+                    cases = self._cases.get((chapter_id, ex.name, seed, quick))
+                    if cases is None:
+                        return False
+                    for device in devices:
+                        for index, c in variants(cases, device):
+                            if reference_key(chapter_id, ex.name, seed, quick, index, c) not in self._outcomes:
+                                return False
+        return True
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._outcomes)
+
+    def snapshot(self) -> bytes:
+        """Everything `export` gives, as one `wire` frame for worker processes of this grader."""
+        from . import wire
+
+        return wire.encode(self.export())
 
     def adopt(self, data: bytes) -> None:
-        import pickle
+        from . import wire
 
-        cases, outcomes = pickle.loads(data)
-        with self._lock:
-            self._cases.update(cases)
-            self._outcomes.update(outcomes)
+        self.merge(wire.decode(data))
 
 
 REFERENCES = ReferenceCache()
@@ -447,7 +486,9 @@ class Grader:
         try:
             with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
-                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes), todo))
+                # Later chapters first: they build on the earlier ones and take longest, so
+                # the short ones fill in at the end instead of one long chapter running alone.
+                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes), todo[::-1]))[::-1]
         finally:
             if own is not None:
                 own.close()

@@ -177,11 +177,15 @@ def _under(path: str, parent: str) -> bool:
 def hidden_paths(extra=()) -> list[str]:
     """Paths the student's code must not see: the grader's repository and package, the
     solutions ($AUTOGRADER_SOLUTIONS or <repo>/solutions), $AUTOGRADER_HIDE (os.pathsep
-    separated; results and hidden test data belong here), /work, and `extra`."""
+    separated; results and hidden test data belong here), /work, the reference
+    outcomes' cache folder and `extra`."""
     paths = [str(REPO_DIR), str(PACKAGE_DIR),
              os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions"), "/work"]
     paths += [p for p in os.environ.get("AUTOGRADER_HIDE", "").split(os.pathsep) if p]
     paths += [os.fspath(p) for p in extra]
+    from .reference_store import cache_dir
+    if cache_dir() is not None:  # the stored reference outcomes hold the hidden inputs
+        paths.append(str(cache_dir()))
     out = []
     for p in paths:
         for q in {os.path.abspath(p), os.path.realpath(p)}:

@@ -6,7 +6,9 @@ test_grading_chNN.py for the cases and hints of autograder/cases/chNN_*.py. Help
 the chapter suites are in grading_helpers.py (importable from any test module: this folder is
 put on sys.path here, whatever pytest's import mode).
 """
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,10 @@ import torch
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+# The grader commands that tests run keep their reference outcomes in a folder of this test run
+# (shared by its tests, as by one instructor's runs), never in the user's own cache.
+os.environ.setdefault("AUTOGRADER_CACHE_DIR", tempfile.mkdtemp(prefix="autograder-test-cache-"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,139 @@
+"""autograder/reference_store.py: reference outcomes kept on disk between grading runs give
+the same grades as outcomes computed afresh, and anything wrong with the file only costs time."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from autograder import grading, reference_store
+from autograder.contract import CHAPTERS
+from autograder.grading import Grader, ReferenceCache
+from autograder.reference_store import ReferenceStore, persisted
+from autograder.sandbox import hidden_paths
+
+from grading_helpers import REPO, namespace_of
+
+CHAPTER = "02_scaled_dot_product_attention"
+UNSCALED = '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(scores, dim=-1)
+    return w @ v, w
+'''
+
+
+def _grades(references, ns) -> list:
+    """Every case's verdict of chapter 2 for namespace `ns`, graded with `references`."""
+    old = grading.REFERENCES
+    grading.REFERENCES = references
+    try:
+        tests = Grader(device="cpu", seed=7).grade_namespace(CHAPTERS[CHAPTER], ns)
+    finally:
+        grading.REFERENCES = old
+    return [(t.exercise, t.device, t.score, c.case, c.passed, c.aspect, c.message, c.hint)
+            for t in tests for c in t.cases]
+
+
+def test_stored_outcomes_grade_exactly_like_computed_ones(tmp_path):
+    fresh = ReferenceCache()
+    computed = _grades(fresh, namespace_of(CHAPTER, UNSCALED))
+    store = ReferenceStore(7, False, tmp_path)
+    assert store.save(fresh.export(7, False))
+
+    loaded = ReferenceCache()
+    data = ReferenceStore(7, False, tmp_path).load()
+    assert loaded.merge(data) == fresh.count() > 0
+    assert loaded.complete([CHAPTER], ["cpu", "meta"], 7, False)
+    assert _grades(loaded, namespace_of(CHAPTER, UNSCALED)) == computed
+    assert loaded.count() == fresh.count(), "nothing was computed again"
+    assert any(not passed for *_, passed, _a, _m, _h in computed), "the submission is wrong"
+    assert _grades(loaded, namespace_of(CHAPTER)) == _grades(fresh, namespace_of(CHAPTER))
+
+
+def test_only_this_seed_and_never_cuda_outcomes_are_exported():
+    refs = ReferenceCache()
+    refs.warm([CHAPTER], ["cpu"], 7, True)
+    refs.warm([CHAPTER], ["cpu"], 8, True)
+    plain = refs.export(7, True)
+    assert plain["outcomes"] and all(k[2] == 7 and k[3] is True for k, _ in plain["outcomes"])
+    assert all(k[-2] != "cuda" for k, _ in plain["outcomes"])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "wrong layout", "empty"])
+def test_a_damaged_file_is_ignored(tmp_path, damage):
+    store = ReferenceStore(7, True, tmp_path)
+    refs = ReferenceCache()
+    refs.warm([CHAPTER], ["cpu"], 7, True)
+    assert store.save(refs.export(7, True))
+    raw = store.path.read_bytes()
+    store.path.write_bytes({"garbage": b"not a frame at all", "truncated": raw[: len(raw) // 2],
+                            "empty": b"",
+                            "wrong layout": __import__("autograder.wire").wire.encode({"cases": 3})}[damage])
+    assert ReferenceStore(7, True, tmp_path).load() is None
+    # and grading with it still works (the outcomes are computed again)
+    with persisted(ReferenceCache(), 7, True):
+        pass
+
+
+def test_the_file_changes_with_the_solutions(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGRADER_CACHE_DIR", str(tmp_path / "cache"))
+    before = ReferenceStore(7, False).path
+    solutions = tmp_path / "solutions"
+    shutil.copytree(REPO / "solutions", solutions)
+    nb = solutions / f"{CHAPTER}.ipynb"
+    data = json.loads(nb.read_text())
+    data["cells"].append({"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [],
+                          "execution_count": None})
+    nb.write_text(json.dumps(data))
+    monkeypatch.setenv("AUTOGRADER_SOLUTIONS", str(solutions))
+    assert ReferenceStore(7, False).path != before
+    assert ReferenceStore(8, False).path != ReferenceStore(7, False).path
+    assert ReferenceStore(7, True).path != ReferenceStore(7, False).path
+
+
+def test_saving_a_new_version_removes_the_old_one(tmp_path):
+    old = tmp_path / "references-s7-full-000000000000000000000000.agw"
+    old.write_bytes(b"stale")
+    other_seed = tmp_path / "references-s8-full-000000000000000000000000.agw"
+    other_seed.write_bytes(b"kept")
+    refs = ReferenceCache()
+    refs.warm([CHAPTER], ["cpu"], 7, False)
+    assert ReferenceStore(7, False, tmp_path).save(refs.export(7, False))
+    assert not old.exists() and other_seed.exists()
+
+
+def test_off_and_unwritable(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGRADER_CACHE_DIR", "off")
+    assert reference_store.cache_dir() is None
+    assert ReferenceStore(7, False).load() is None and not ReferenceStore(7, False).save({})
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder should be")
+    assert not ReferenceStore(7, False, blocked / "cache").save({"cases": [], "outcomes": []})
+
+
+def test_the_cache_folder_is_hidden_from_students(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGRADER_CACHE_DIR", str(tmp_path / "refs"))
+    assert str(tmp_path / "refs") in hidden_paths()
+
+
+def test_the_command_line_stores_and_reuses_outcomes(tmp_path):
+    """Two `grade` runs of one notebook: the first writes the file, the second reads it and
+    prints the same report."""
+    env = {**os.environ, "AUTOGRADER_CACHE_DIR": str(tmp_path)}
+    nb = REPO / "solutions" / "05_masks.ipynb"
+    cmd = [sys.executable, "-m", "autograder", "grade", str(nb), "--device", "cpu"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    files = list(tmp_path.glob("references-*.agw"))
+    assert first.returncode == 0 and len(files) == 1, first.stderr
+    stamp = files[0].stat().st_mtime_ns
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0
+    strip = lambda out: [l for l in out.splitlines() if "graded in" not in l]  # noqa: E731
+    assert strip(second.stdout) == strip(first.stdout)
+    assert "13 / 13" in first.stdout
+    assert files[0].stat().st_mtime_ns == stamp, "nothing new to store"
