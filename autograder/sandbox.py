@@ -671,8 +671,10 @@ class SandboxDied(OSError):
 
 class WarmSandbox:
     """One student's bubblewrap sandbox holding a warm worker (`autograder.worker.warm`) that
-    has imported torch once and forks a fresh child per chapter (`fork`). Used by one chapter
-    at a time: `reset` kills whatever that chapter left and empties /tmp before the next."""
+    has imported torch once and forks a fresh child per chapter (`fork`), each working in a
+    folder of its own under /tmp that the worker removes when that child ends. Several chapters
+    of the student may run in it at once (see `SandboxPool`); once none is left, `reset` kills
+    whatever they left and empties /tmp before the next."""
 
     def __init__(self, limits: Limits, hidden: list[str], workdir: str):
         import secrets
@@ -693,33 +695,51 @@ class WarmSandbox:
         argv = _python_argv(RUNTIME_DEST, "warm", [str(theirs.fileno()), json.dumps(config)])
         _, _, variant = probe_bubblewrap()
         argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
-                pass_fds=(theirs.fileno(),), env=_base_env("/tmp", token), cwd=workdir,
-                start_new_session=True, close_fds=True)
-        except OSError:
-            mine.close()
-            os.close(out_r)
-            raise
-        finally:
-            theirs.close()
-            os.close(out_w)
-        self.sock = mine
-        self._out_fd = out_r
         self.output = bytearray()  # the warm worker's own output (start-up errors), last 4 KiB
         self._cond = threading.Condition()
         self._replies: list = []
         self.exits: dict[int, int] = {}
         self.ready = None          # the Ready message
         self.dead = False
+        # kept by the SandboxPool: chapters in it now, the most at once, whether it is being reset
+        self.users, self.most_users, self.resetting = 0, 0, False
+        self.died_shared = False   # it died while more than one chapter was in it
         self._request_lock = threading.Lock()
-        threading.Thread(target=self._listen, daemon=True).start()
+        self.sock, self._out_fd = mine, out_r
+        # bwrap is started by the listener thread, which lives exactly as long as the sandbox:
+        # --die-with-parent ties bwrap's life to the *thread* that started it, and the thread
+        # of the chapter that asked for this sandbox may end before the sandbox does.
+        started: list = []
+        spawned = threading.Event()
+
+        def spawn() -> bool:
+            try:
+                self.proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                    pass_fds=(theirs.fileno(),), env=_base_env("/tmp", token), cwd=workdir,
+                    start_new_session=True, close_fds=True)
+                started.append(None)
+            except OSError as e:
+                started.append(e)
+            finally:
+                theirs.close()
+                os.close(out_w)
+                spawned.set()
+            return started[0] is None
+
+        threading.Thread(target=self._listen, args=(spawn,), daemon=True).start()
+        spawned.wait()
+        if started[0] is not None:
+            mine.close()
+            os.close(out_r)
+            raise started[0]
 
     # -- the listener thread --------------------------------------------------------------
-    def _listen(self) -> None:
+    def _listen(self, spawn) -> None:
         import select
 
+        if not spawn():
+            return
         p = self._p
         fds = [self.sock.fileno(), self._out_fd]
         try:
@@ -842,6 +862,8 @@ class WarmSandbox:
 
     def kill(self) -> None:
         """Kill bwrap: the PID namespace, and every process in it, goes with it."""
+        if not self.dead and self.users > 1:
+            self.died_shared = True
         _signal(self.proc.pid, signal.SIGKILL)
         _killpg(self.proc.pid)
         try:
@@ -892,74 +914,108 @@ class ForkedChild:
 
 
 class SandboxPool:
-    """One student's warm sandboxes (never shared between students): a chapter takes one
-    (`acquire`), gives it back (`release`: reset for the next chapter, or killed), at most one
-    chapter in a sandbox at a time. `prestart` starts them early, so their imports overlap the
-    grader's own."""
+    """One student's warm sandboxes (never shared between students).
+
+    A chapter takes a sandbox (`acquire`) and gives it back (`release`). Up to `size` chapters
+    run at once in the same sandbox, each in a child forked from its warm worker (so torch is
+    imported once per student, not once per chapter at a time), in a folder of its own that
+    the worker removes when the chapter ends. When no chapter is left in a sandbox it is reset
+    (every other process killed, /tmp emptied) for the next one.
+
+    If a sandbox dies while two chapters share it, neither can tell which one killed it, so
+    each gets to redo what it was doing once (see `died_shared`), and from then on this
+    student's chapters get a sandbox each: a chapter that kills its sandbox again is alone
+    there, and that costs it alone. `prestart` starts a sandbox early, so its imports overlap
+    the grader's own."""
 
     def __init__(self, limits: Limits | None = None, hide=(), size: int = 1):
         self.limits = limits or Limits.from_env()
         self.hidden = hidden_paths(hide)
         self.size = max(1, size)
-        self._idle: list[WarmSandbox] = []
-        self._all: list[WarmSandbox] = []
-        self._lock = threading.Lock()
+        self.sharing = self.size > 1
+        self._boxes: list[WarmSandbox] = []   # alive or in use
+        self._fresh: set[int] = set()         # ids of boxes no chapter has used yet
+        self._cond = threading.Condition()
         self._workdir = tempfile.mkdtemp(prefix="autograder-sandbox-")
         os.chmod(self._workdir, 0o700)
         self.closed = False
 
     def _new(self) -> WarmSandbox:
         box = WarmSandbox(self.limits, self.hidden, self._workdir)
-        with self._lock:
-            self._all.append(box)
+        with self._cond:
+            self._boxes.append(box)
         return box
 
-    def prestart(self, n: int | None = None) -> None:
-        for _ in range(n or self.size):
+    def prestart(self, n: int = 1) -> None:
+        for _ in range(n):
             box = self._new()
-            with self._lock:
-                self._idle.append(box)
+            with self._cond:
+                self._fresh.add(id(box))
 
     def adopt(self, box: WarmSandbox) -> None:
         """Take a fresh sandbox (never used by anyone) started elsewhere, e.g. a spare."""
-        with self._lock:
-            self._all.append(box)
-            self._idle.append(box)
+        with self._cond:
+            self._boxes.append(box)
+            self._fresh.add(id(box))
 
     def take_fresh(self) -> WarmSandbox | None:
-        """An idle sandbox that no chapter has used yet (a prestarted one), or None; it leaves
-        this pool (the caller's pool adopts it)."""
-        with self._lock:
-            for box in self._idle:
-                if box.alive():
-                    self._idle.remove(box)
-                    self._all.remove(box)
+        """A sandbox that no chapter has used yet (a prestarted one), or None; it leaves this
+        pool (the caller's pool adopts it)."""
+        with self._cond:
+            for box in self._boxes:
+                if id(box) in self._fresh and box.users == 0 and box.alive():
+                    self._boxes.remove(box)
+                    self._fresh.discard(id(box))
                     return box
         return None
 
     def acquire(self) -> WarmSandbox:
-        with self._lock:
-            while self._idle:
-                box = self._idle.pop(0)
-                if box.alive():
+        """A sandbox with room for one more chapter (waiting for one being reset)."""
+        with self._cond:
+            while True:
+                room = self.size if self.sharing else 1
+                alive = [b for b in self._boxes if b.alive() or b.users]
+                usable = [b for b in alive if not b.resetting and b.users < room and b.alive()]
+                if usable:
+                    box = min(usable, key=lambda b: b.users)
+                    box.users += 1
+                    box.most_users = max(box.most_users, box.users)
+                    self._fresh.discard(id(box))
                     return box
-        return self._new()
+                if not any(b.resetting for b in alive):
+                    break
+                self._cond.wait(self.limits.control_timeout)
+            box = self._new()  # under the lock, so two chapters starting at once share it
+            box.users += 1
+            box.most_users = box.users
+            return box
 
     def release(self, box: WarmSandbox) -> None:
-        if box.alive() and not self.closed and box.reset():
-            with self._lock:
-                if len(self._idle) < self.size:
-                    self._idle.append(box)
-                    return
-        box.kill()
-        with self._lock:
-            if box in self._all:
-                self._all.remove(box)
+        """A chapter is done with `box` (its child already killed)."""
+        with self._cond:
+            box.users -= 1
+            if box.died_shared:
+                self.sharing = False  # see the class docstring
+            last = box.users == 0
+            if last:
+                box.resetting = True
+        if not last:
+            return
+        keep = box.alive() and not self.closed and box.reset()
+        with self._cond:
+            box.resetting = False
+            if not keep:
+                if box in self._boxes:
+                    self._boxes.remove(box)
+            self._cond.notify_all()
+        if not keep:
+            box.kill()
 
     def close(self) -> None:
         self.closed = True
-        with self._lock:
-            boxes, self._all, self._idle = list(self._all), [], []
+        with self._cond:
+            boxes, self._boxes = list(self._boxes), []
+            self._cond.notify_all()
         for box in boxes:
             box.kill()
         shutil.rmtree(self._workdir, ignore_errors=True)

@@ -469,6 +469,8 @@ class StudentSession:
             if child is not None:
                 child.wait(self.limits.exit_wait)
             self._kill()
+            if self._sandbox_died_shared():
+                return "restart"  # no cell to blame: the cells run again, in a sandbox of their own
             message = "crashed the grading process: it " + (
                 child.exit_description() if child else "ended")
         culprit = running if running is not None else max(
@@ -512,7 +514,12 @@ class StudentSession:
                 return None
         return "the notebook crashed the grading process too many times"
 
-    def _run(self, call: Call, timeout: float | None) -> Outcome:
+    def _sandbox_died_shared(self) -> bool:
+        """Whether the child died with its sandbox while another chapter was in it too: either
+        may have killed it, so what was running is run again, once (see `SandboxPool`)."""
+        return self._box is not None and self._box.died_shared and self._box.dead
+
+    def _run(self, call: Call, timeout: float | None, again: bool = False) -> Outcome:
         if self._closed:
             return Outcome.failure("Crash", "the session is closed")
         if self._report is None:
@@ -553,6 +560,8 @@ class StudentSession:
             if child is not None:
                 child.wait(self.limits.exit_wait)  # its own exit status, not the SIGKILL of the clean-up below
             self._kill()
+            if not again and self._sandbox_died_shared():
+                return self._run(call, timeout, again=True)
             outcome = Outcome.failure(
                 "Crash", f"{name} crashed the grading process: it "
                 f"{child.exit_description() if child else 'ended'}. The next test starts a "

@@ -434,6 +434,7 @@ def warm(argv: list[str]) -> None:
     chapters: dict[int, str] = {}  # live chapter children: pid -> token
 
     def reap() -> None:
+        ended = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -442,11 +443,14 @@ def warm(argv: list[str]) -> None:
             if pid == 0:
                 break
             if chapters.pop(pid, None) is not None:
+                ended.append(pid)
                 rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 p.send(ctl, p.Exited(pid, rc))
         for pid in _children_of(os.getpid()):  # an orphan of a chapter that ended
             if pid not in chapters:
                 _kill_tree(pid)
+        for pid in ended:  # its files must not reach a chapter that runs later
+            _empty(_chapter_folder(pid), remove=True)
 
     p.send(ctl, p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
     while True:
@@ -484,7 +488,7 @@ def warm(argv: list[str]) -> None:
                     os.dup2(out, 2)
                     os.close(out)
                     _prctl(36, 1)  # its own orphans stay below it, so killing it finds them
-                    os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
+                    _own_folder(_chapter_folder(os.getpid()))
                     sys.argv[:] = ["-c", str(req), str(res)]  # as a started chapter's would be
                     serve(req, res, {**config, **message.config, "token": message.token}, start)
                 finally:
@@ -579,8 +583,26 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def _empty(folder: str) -> None:
-    """Remove everything in `folder` (a chapter's files must not reach the next chapter)."""
+def _chapter_folder(pid: int) -> str:
+    """The working folder of the chapter child `pid`: its HOME, TMPDIR and current folder."""
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"chapter-{pid}")
+
+
+def _own_folder(folder: str) -> None:
+    """Make `folder` this chapter's HOME, TMPDIR and current folder (several chapters of one
+    student can run at once in one sandbox; each writes its files in a folder of its own)."""
+    import tempfile
+
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chdir(folder)
+    os.environ.update(HOME=folder, TMPDIR=folder, MPLCONFIGDIR=os.path.join(folder, ".matplotlib"))
+    tempfile.tempdir = None  # gettempdir() may have cached the worker's /tmp
+    os.makedirs(os.environ["MPLCONFIGDIR"], exist_ok=True)
+
+
+def _empty(folder: str, remove: bool = False) -> None:
+    """Remove everything in `folder` (a chapter's files must not reach the next chapter), and
+    with `remove` the folder itself."""
     import shutil
 
     def fix(func, path, _exc):
@@ -604,3 +626,8 @@ def _empty(folder: str) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+    if remove:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass

@@ -142,3 +142,93 @@ def test_a_malformed_control_message_ends_that_sandbox_only():
             s.start()
             assert s._box is not box
             assert s.run(call("f", torch.ones(1))).error is None
+
+
+# ------------------------------------------------------------------ chapters at once
+
+def _in_threads(*fns):
+    """Run the functions at once; their results (an exception is raised here)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(fns)) as pool:
+        return [f.result() for f in [pool.submit(fn) for fn in fns]]
+
+
+@needs_bwrap
+def test_two_chapters_run_at_once_in_one_sandbox_each_in_a_folder_of_its_own():
+    waiting = ["import os, tempfile, time, torch\n"
+               "open('here.txt', 'w').write('a')\n"
+               "open(os.path.join(tempfile.gettempdir(), 'tmp.txt'), 'w').write('a')\n"
+               "def wait_for_b(x):\n"
+               "    for _ in range(100):  # 5 s: succeeds only if B runs meanwhile\n"
+               "        if os.path.exists('/tmp/b-was-here'):\n"
+               "            return x * 2\n"
+               "        time.sleep(0.05)\n"
+               "    return x * 0\n"
+               "def files(x):\n    return torch.tensor(len(os.listdir('.')))"]
+    other = ["import os, torch\n"
+             "def mine(x):\n    return torch.tensor(float(os.path.exists('here.txt')))\n"
+             "def mark(x):\n    open('/tmp/b-was-here', 'w').write('b')\n    return x\n"
+             "def in_tmp(x):  # (not counting the worker's .matplotlib)\n"
+             "    return torch.tensor(len([n for n in os.listdir('/tmp') if n[0] != '.']))"]
+    slow = Limits(cell_timeout=1.5, call_timeout=8.0, grace=1.0, notebook_timeout=30.0)
+    with SandboxPool(slow, size=2) as pool:
+        a = StudentSession(waiting, slow, sandbox="bubblewrap", sandboxes=pool)
+        b = StudentSession(other, slow, sandbox="bubblewrap", sandboxes=pool)
+        with a, b:
+            _in_threads(a.start, b.start)
+            assert a._box is b._box, "one warm sandbox (one torch import) serves both chapters"
+            assert a.run(call("files", torch.ones(1))).outputs[0].item() == 3  # + .matplotlib
+            assert b.run(call("mine", torch.ones(1))).outputs[0].item() == 0.0, \
+                "A's files are in A's folder, not B's"
+
+            def b_while_a_waits():
+                time.sleep(0.3)
+                return b.run(call("mark", torch.ones(1)))
+            waited, marked = _in_threads(lambda: a.run(call("wait_for_b", torch.ones(1))),
+                                         b_while_a_waits)
+            assert marked.error is None
+            assert waited.outputs[0].item() == 2.0, "B ran while A's call was running"
+            assert b.run(call("in_tmp", torch.ones(1))).outputs[0].item() == 3  # 2 folders + mark
+    # both chapters done: the sandbox is reset, and the next chapter finds an empty /tmp
+        with StudentSession(other, slow, sandbox="bubblewrap", sandboxes=pool) as c:
+            c.start()
+            assert c._box is a._box or a._box is None
+            assert c.run(call("in_tmp", torch.ones(1))).outputs[0].item() == 1  # its own folder
+
+
+@needs_bwrap
+def test_a_chapter_that_kills_a_shared_sandbox_costs_the_other_chapter_nothing():
+    """os.kill(-1) in chapter A ends the sandbox while chapter B is in a call and in a slow
+    cell: B's call and cell run again (in a sandbox of their own) and count as if nothing
+    happened; A's call is a crash once it kills its own sandbox too."""
+    killer = ["import os, signal, time, torch\n"
+              "def kill_all(x):\n    time.sleep(0.3)\n    os.kill(-1, signal.SIGKILL)\n"
+              "    time.sleep(5)\n    return x\n"
+              "def f(x):\n    return x * 3"]
+    victim = ["import time, torch\n"
+              "def slow(x):\n    time.sleep(1.0)\n    return x + 1"]
+    with SandboxPool(FAST, size=2) as pool:
+        with StudentSession(killer, FAST, sandbox="bubblewrap", sandboxes=pool) as a, \
+                StudentSession(victim, FAST, sandbox="bubblewrap", sandboxes=pool) as b:
+            _in_threads(a.start, b.start)
+            assert a._box is b._box
+            killed, survived = _in_threads(lambda: a.run(call("kill_all", torch.ones(1))),
+                                           lambda: b.run(call("slow", torch.ones(1))))
+            assert killed.error["type"] == "Crash", killed.error
+            assert survived.error is None and survived.outputs[0].item() == 2.0, survived.error
+            assert not pool.sharing and a._box is not b._box, "a sandbox each from then on"
+            assert a.run(call("f", torch.ones(1))).outputs[0].item() == 3.0
+            assert b.run(call("slow", torch.ones(1))).outputs[0].item() == 2.0
+
+    cell_killer = ["import os, signal, time\ntime.sleep(0.3)\nos.kill(-1, signal.SIGKILL)\n"
+                   "time.sleep(5)", "def f(x):\n    return x * 3"]
+    slow_cell = ["import time\ntime.sleep(1.0)", "def g(x):\n    return x - 1"]
+    with SandboxPool(FAST, size=2) as pool:
+        with StudentSession(cell_killer, FAST, sandbox="bubblewrap", sandboxes=pool) as a, \
+                StudentSession(slow_cell, FAST, sandbox="bubblewrap", sandboxes=pool) as b:
+            ra, rb = _in_threads(a.start, b.start)
+            assert [c["status"] for c in rb["cells"]] == ["ok", "ok"], rb["cells"]
+            assert [c["status"] for c in ra["cells"]] == ["crash", "ok"], ra["cells"]
+            assert b.run(call("g", torch.ones(1))).outputs[0].item() == 0.0
+            assert a.run(call("f", torch.ones(1))).outputs[0].item() == 3.0

@@ -4,7 +4,8 @@
 
 1. what a user waits for: the wall time of `python -m autograder grade solutions` as a fresh
    process, as a ratio to `python -c "import torch"` measured in the same run (alternating
-   runs, medians), and the sandbox mode it reported;
+   runs, medians), and the sandbox mode it reported; with an empty reference-outcome cache
+   (cold) and with the one an earlier run left (warm);
 2. `nbgrader autograde` of the same six notebooks, in the same run;
 3. a batch of N submissions with --jobs 1 and --jobs 2;
 4. the time of each self-check (the student-side check) on the reference.
@@ -34,47 +35,61 @@ from autograder.contract import CHAPTERS  # noqa: E402
 from autograder.references import load_reference  # noqa: E402
 
 
-def _wall(cmd: list[str], cwd: Path = REPO) -> tuple[float, subprocess.CompletedProcess]:
+def _wall(cmd: list[str], cwd: Path = REPO, cache: Path | None = None
+          ) -> tuple[float, subprocess.CompletedProcess]:
     env = {**os.environ, "PYTHONPATH": str(cwd)}
+    if cache is not None:
+        env["AUTOGRADER_CACHE_DIR"] = str(cache)
     start = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     return time.perf_counter() - start, r
 
 
-def grade_solutions(runs: int, before: Path | None = None) -> float:
+def grade_solutions(runs: int, tmp: Path, before: Path | None = None) -> float:
     """Whole-process wall time of `grade solutions` and of `import torch`, alternating; with
-    `before` (another checkout, e.g. the previous commit), its `grade solutions` too."""
+    `before` (another checkout, e.g. the previous commit), its `grade solutions` too.
+
+    Each checkout is timed twice per run: "cold", with an empty reference-outcome cache (the
+    first run after installing or changing the grader or solutions), and "warm", with the
+    cache an earlier run left (every later run). A checkout without the cache shows the same
+    figure twice."""
     checkouts = {"this checkout": REPO}
     if before:
         checkouts = {f"before ({before})": before, **checkouts}
+    cmd = [sys.executable, "-m", "autograder", "grade", "solutions", "--device", "cpu"]
+    warm_cache = {name: tmp / ("cache-this" if where == REPO else "cache-before")
+                  for name, where in checkouts.items()}
+    for name, where in checkouts.items():  # fills the warm caches (not timed)
+        _wall(cmd, where, warm_cache[name])
     torch_times: list[float] = []
-    grade_times: dict[str, list[float]] = {name: [] for name in checkouts}
+    times: dict[tuple, list[float]] = {}
     modes: dict[str, set] = {name: set() for name in checkouts}
     totals: dict[str, set] = {name: set() for name in checkouts}
-    for _ in range(runs):
+    for run in range(runs):
         seconds, _ = _wall([sys.executable, "-c", "import torch"])
         torch_times.append(seconds)
         for name, where in checkouts.items():
-            seconds, r = _wall([sys.executable, "-m", "autograder", "grade", "solutions",
-                                "--device", "cpu"], where)
-            if r.returncode != 0:
-                print(f"[1] {name}: grade solutions failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-                return float("nan")
-            grade_times[name].append(seconds)
-            found = re.search(r"Total: (\S+ / \S+) .*sandbox: (\w+)", r.stdout)
-            if found:
-                totals[name].add(found.group(1))
-                modes[name].add(found.group(2))
+            for state in ("cold", "warm"):
+                cache = tmp / f"cold-{run}-{len(times)}" if state == "cold" else warm_cache[name]
+                seconds, r = _wall(cmd, where, cache)
+                if r.returncode != 0:
+                    print(f"[1] {name}: grade solutions failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+                    return float("nan")
+                times.setdefault((name, state), []).append(seconds)
+                found = re.search(r"Total: (\S+ / \S+) .*sandbox: (\w+)", r.stdout)
+                if found:
+                    totals[name].add(found.group(1))
+                    modes[name].add(found.group(2))
     t = statistics.median(torch_times)
     print(f"[1] python -c 'import torch': {' '.join(f'{x:.2f}' for x in torch_times)} s "
           f"(median {t:.2f} s)")
-    for name, times in grade_times.items():
-        g = statistics.median(times)
-        print(f"[1] {name}: python -m autograder grade solutions: "
-              f"{' '.join(f'{x:.2f}' for x in times)} s (median {g:.2f} s), score "
-              f"{', '.join(sorted(totals[name]))}, sandbox: {', '.join(sorted(modes[name]))}")
-        print(f"[1] {name}: ratio grade solutions / import torch: {g / t:.1f}x (target <= 3x)")
-    return statistics.median(grade_times["this checkout"])
+    for (name, state), ts in times.items():
+        g = statistics.median(ts)
+        print(f"[1] {name}, {state} cache: python -m autograder grade solutions: "
+              f"{' '.join(f'{x:.2f}' for x in ts)} s (median {g:.2f} s = {g / t:.1f}x import "
+              f"torch; target <= 3x), score {', '.join(sorted(totals[name]))}, sandbox: "
+              f"{', '.join(sorted(modes[name]))}")
+    return statistics.median(times[("this checkout", "warm")])
 
 
 def nbgrader_autograde(tmp: Path) -> float | None:
@@ -111,10 +126,13 @@ def batch(tmp: Path, n: int) -> None:
     times = {}
     for jobs in (1, 2):
         # Each in a fresh process, as an instructor runs it: imports and start-up included.
+        # The reference-outcome cache is the one [1] left (warm), as for an instructor's
+        # second command.
         cmd = [sys.executable, "-m", "autograder", "batch", str(class_dir), "--device", "cpu",
                "--jobs", str(jobs), "--no-progress", "--csv", str(tmp / f"grades-{jobs}.csv")]
         start = time.perf_counter()
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                           env={**os.environ, "AUTOGRADER_CACHE_DIR": str(tmp / "cache-this")})
         times[jobs] = time.perf_counter() - start
         if r.returncode != 0:
             print(f"[3] batch --jobs {jobs} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
@@ -155,7 +173,7 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs, sandbox={os.environ.get('AUTOGRADER_SANDBOX', 'auto')}")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        ours = grade_solutions(args.runs, args.before)
+        ours = grade_solutions(args.runs, tmp, args.before)
         if args.only_grade:
             return 0
         theirs = None if args.skip_nbgrader else nbgrader_autograde(tmp)
