@@ -1,4 +1,10 @@
-"""The control channel between the grader and a student's warm worker (one per sandbox).
+"""Every message between the grader and the processes that run a student's code, as dataclasses.
+
+Two channels, each with its own set of kinds; `encode`/`decode` (control) and `plain`/
+`from_plain` (chapter) check every field of what comes in, and anything else is a
+ProtocolError.
+
+The control channel, between the grader and a student's warm worker (one per sandbox).
 
 The warm worker (`autograder.worker.warm`) starts inside the student's sandbox, imports torch
 and the runtime once, and then forks one fresh child per chapter notebook on request; it never
@@ -13,14 +19,27 @@ message, JSON, with the chapter child's three pipe ends attached (SCM_RIGHTS) to
     warm   -> grader ResetDone()             and /tmp is emptied
     warm   -> grader Ready(pid, uid, seconds) once, after its imports
 
-The chapter child itself speaks the per-chapter protocol described in `autograder.worker`.
+The chapter channel, between the grader and one chapter's child (`autograder.worker.serve`):
+`wire` frames over pipes (outcomes carry tensors), each a dict {"kind": ..., fields}.
+
+    child  -> grader ChildReady(pid, uid, seconds)          once, before any student code
+    grader -> child  RunCells(cells, skip, timeout, budget) the notebook's code cells; `skip`:
+                                                            cell numbers not to run; `budget`:
+                                                            seconds for all cells together
+    child  -> grader CellDone(cell, status, error, seconds) one per cell, numbered from 1;
+                                                            status "ok", "error", "timeout",
+                                                            "skipped" or "not run"
+    child  -> grader CellsDone(defined)                     the notebook's top-level names
+    grader -> child  RunCall(id, call, timeout)             one graded Call, as Call.to_plain()
+    child  -> grader CallDone(id, outcome)                  its Outcome.to_plain()
+
 Kept free of torch (the grader imports it before torch).
 """
 from __future__ import annotations
 
 import json
 import socket
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 MAX_MESSAGE = 64 << 10  # a control message is a few hundred bytes; the config is the largest
 MAX_FDS = 3
@@ -70,29 +89,92 @@ class ResetDone:
 
 
 KINDS = {cls.__name__: cls for cls in (Ready, Fork, Forked, Kill, Exited, Reset, ResetDone)}
-_TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict}
 
 
-def encode(message) -> bytes:
-    return json.dumps({"kind": type(message).__name__, **asdict(message)}).encode()
+# ------------------------------------------------------------------ the chapter channel
+
+@dataclass
+class ChildReady:
+    pid: int
+    uid: int
+    seconds: float
 
 
-def decode(data: bytes):
-    """The message in `data`, checked field by field; ProtocolError if it is not one."""
-    try:
-        plain = json.loads(data)
-    except ValueError as e:
-        raise ProtocolError(f"not JSON ({e})") from None
-    cls = KINDS.get(plain.pop("kind", None)) if isinstance(plain, dict) else None
+@dataclass
+class RunCells:
+    cells: list
+    skip: list
+    timeout: float
+    budget: float
+
+
+@dataclass
+class CellDone:
+    cell: int
+    status: str
+    error: dict | None
+    seconds: float
+
+
+@dataclass
+class CellsDone:
+    defined: list
+
+
+@dataclass
+class RunCall:
+    id: int
+    call: dict
+    timeout: float
+
+
+@dataclass
+class CallDone:
+    id: int
+    outcome: dict
+
+
+CHAPTER_KINDS = {cls.__name__: cls for cls in (ChildReady, RunCells, CellDone, CellsDone, RunCall,
+                                               CallDone)}
+_TYPES = {"int": int, "float": (int, float), "str": str, "dict": dict, "list": list,
+          "dict | None": (dict, type(None))}
+
+
+def plain(message) -> dict:
+    """A message as a dict for `wire` (fields as they are: tensors are not copied)."""
+    return {"kind": type(message).__name__, **{f.name: getattr(message, f.name) for f in fields(message)}}
+
+
+def from_plain(data, kinds: dict = CHAPTER_KINDS):
+    """The message `data` holds, checked field by field; ProtocolError if it is not one."""
+    if not isinstance(data, dict):
+        raise ProtocolError("not a message")
+    data = dict(data)
+    cls = kinds.get(data.pop("kind", None))
     if cls is None:
         raise ProtocolError("unknown message kind")
     names = {f.name: f for f in fields(cls)}
-    if set(plain) != set(names):
-        raise ProtocolError(f"{cls.__name__}: fields {sorted(plain)} (expected {sorted(names)})")
+    if set(data) != set(names):
+        raise ProtocolError(f"{cls.__name__}: fields {sorted(data)} (expected {sorted(names)})")
     for name, f in names.items():
-        if not isinstance(plain[name], _TYPES[f.type]) or isinstance(plain[name], bool):
+        if not isinstance(data[name], _TYPES[f.type]) or isinstance(data[name], bool):
             raise ProtocolError(f"{cls.__name__}.{name}: expected {f.type}")
-    return cls(**plain)
+    return cls(**data)
+
+
+# ------------------------------------------------------------------ control: encoding
+
+def encode(message) -> bytes:
+    return json.dumps(plain(message)).encode()
+
+
+def decode(data: bytes):
+    """The control message in `data`, checked field by field; ProtocolError if it is not one."""
+    try:
+        message = json.loads(data)
+    except ValueError as e:
+        raise ProtocolError(f"not JSON ({e})") from None
+    return from_plain(message, KINDS)
 
 
 def send(sock: socket.socket, message, fds=()) -> None:

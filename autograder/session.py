@@ -28,11 +28,12 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from enum import Enum
 
 import torch
 
-from . import wire
+from . import protocol, wire
 from .calls import Call, Outcome
 from .sandbox import Child, Limits, SandboxDied, SandboxMode, SandboxPool, choose_mode, hidden_paths
 
@@ -40,6 +41,20 @@ __all__ = ["StudentSession", "Limits"]
 
 _OUTCOME_FIELDS = {f.name for f in fields(Outcome)}
 _MAX_TEXT = 20_000  # longest string accepted in an Outcome from the child
+
+
+class LostKind(Enum):
+    TIMEOUT = "timeout"      # no message before the deadline
+    DEAD = "dead"            # the child's result pipe closed (it ended or was killed)
+    MALFORMED = "malformed"  # what it sent is not a message of the chapter channel
+
+
+@dataclass
+class Lost:
+    """What `_next_event` gives instead of a message when the child failed to send one."""
+
+    kind: LostKind
+    why: str = ""
 
 
 class _Budget:
@@ -72,7 +87,7 @@ class _Channel:
     def __init__(self, child: Child, result_cap: int):
         self.child = child
         self.result_cap = min(result_cap, wire.MAX_PAYLOAD)
-        self.results = bytearray()
+        self.results = wire.FrameReader(min(wire.MAX_HEADER, self.result_cap), self.result_cap)
         self.results_eof = False
         self.output_eof = False
         self.separator = b"\0" + child.token.encode() + b"\0"
@@ -133,19 +148,15 @@ class _Channel:
             if not data:
                 self.results_eof = True
                 return
-            self.results += data
-            if len(self.results) > self.result_cap + (1 << 20):
+            self.results.feed(data)
+            if len(self.results.buf) > self.result_cap + (1 << 20):
                 raise wire.WireError("the child sent more data than the result size limit")
 
-    def next_frame(self):
-        """The next complete frame, decoded; None if incomplete. WireError if malformed."""
-        buf = self.results
-        end = wire.frame_length(buf, min(wire.MAX_HEADER, self.result_cap), self.result_cap)
-        if end is None:
-            return None
-        frame = bytes(buf[:end])
-        del buf[:end]
-        return wire.decode(frame)
+    def next_message(self):
+        """The child's next message (a `protocol` dataclass); None while none is complete.
+        WireError or ProtocolError if what came is malformed."""
+        frame = self.results.pop()
+        return None if frame is None else protocol.from_plain(wire.decode(frame))
 
 
 def _poll_wait(channel: _Channel, deadline: float, write: memoryview | None = None):
@@ -320,14 +331,15 @@ class StudentSession:
             self._child, self._channel = child, channel
             self.children += 1
             event = self._next_event(t0 + self.limits.startup_timeout)
-            if isinstance(event, dict) and event.get("event") == "ready":
+            if isinstance(event, protocol.ChildReady):
                 self.startup_seconds.append(time.monotonic() - t0)
                 return None
             self._kill()
             channel.flush_output()
             detail = startup.text().strip().splitlines()[-3:]
+            timed_out = isinstance(event, Lost) and event.kind == LostKind.TIMEOUT
             why = ("did not start within %g s" % self.limits.startup_timeout
-                   if event == "timeout" else child.exit_description())
+                   if timed_out else child.exit_description())
             last = f"the grading process {why}" + (": " + " | ".join(detail) if detail else "")
         return last
 
@@ -363,23 +375,21 @@ class StudentSession:
         self._child = None
 
     def _next_event(self, deadline: float):
-        """The child's next frame (a dict), or "timeout", "dead" or ("malformed", why)."""
+        """The child's next message (a `protocol` dataclass), or a `Lost`."""
         ch = self._channel
         while True:
             try:
-                event = ch.next_frame()
-            except (wire.WireError, ValueError) as e:
-                return ("malformed", str(e))
-            if event is not None:
-                if not isinstance(event, dict):
-                    return ("malformed", "a result that is not a record")
-                return event
+                message = ch.next_message()
+            except (wire.WireError, ValueError) as e:  # ProtocolError is a ValueError
+                return Lost(LostKind.MALFORMED, str(e))
+            if message is not None:
+                return message
             if ch.results_eof:
                 ch.drain_output(self.limits.drain_cap)
                 self._child.wait(self.limits.exit_wait)
-                return "dead"
+                return Lost(LostKind.DEAD)
             if time.monotonic() >= deadline:
-                return "timeout"
+                return Lost(LostKind.TIMEOUT)
             ready = {fd for fd, _ in _poll_wait(ch, deadline)}
             if self._child.out_fd in ready:
                 ch.drain_output(self.limits.drain_cap)
@@ -387,11 +397,11 @@ class StudentSession:
                 try:
                     ch.read_results()
                 except wire.WireError as e:
-                    return ("malformed", str(e))
+                    return Lost(LostKind.MALFORMED, str(e))
 
-    def _send(self, message: dict, deadline: float) -> bool:
-        """Write one frame to the child; False if it died or would not read in time."""
-        view = memoryview(wire.encode(message))
+    def _send(self, message, deadline: float) -> bool:
+        """Write one message to the child; False if it died or would not read in time."""
+        view = memoryview(wire.encode(protocol.plain(message)))
         ch = self._channel
         while view:
             try:
@@ -428,8 +438,7 @@ class StudentSession:
                 if report[n] is None:
                     captures[n] = ch.captures[n] = _Capture(budget)
         left = max(0.0, end - time.monotonic())
-        if not self._send({"op": "cells", "cells": self.cells, "skip": sorted(self._skip),
-                           "timeout": limits.cell_timeout, "budget": left},
+        if not self._send(protocol.RunCells(self.cells, sorted(self._skip), limits.cell_timeout, left),
                           time.monotonic() + limits.send_timeout):
             self._kill()  # died before it could read the cells: no cell is to blame
             return "restart"
@@ -438,29 +447,29 @@ class StudentSession:
             running = expected if expected <= len(self.cells) else None
             per_cell = min(limits.cell_timeout, max(0.0, end - time.monotonic()))
             event = self._next_event(time.monotonic() + per_cell + limits.grace)
-            if isinstance(event, dict):
-                kind = event.get("event")
-                if kind == "cell" and event.get("cell") == expected:
+            match event:
+                case protocol.CellDone(cell=number) if number == expected:
                     if report is not None and report[expected] is None:
                         report[expected] = self._cell_entry(event, expected)
-                    if event.get("status") == "timeout":
+                    if event.status == "timeout":
                         self._skip.add(expected)  # a cell that hung costs its time only once
                     expected += 1
-                    continue
-                if kind == "cells_done" and running is None:
-                    names = event.get("defined")
-                    if isinstance(names, list):
-                        self._defined = sorted({n for n in names if isinstance(n, str)})
+                case protocol.CellsDone(defined=names) if running is None:
+                    self._defined = sorted({n for n in names if isinstance(n, str)})
                     return "done"
-                event = ("malformed", f"unexpected message {str(kind)[:40]!r}")
-            return self._lost(report, running, event)
+                case Lost():
+                    return self._lost(report, running, event)
+                case _:
+                    return self._lost(report, running, Lost(
+                        LostKind.MALFORMED, f"unexpected message {type(event).__name__}"))
 
-    def _lost(self, report, running, event) -> str:
+    def _lost(self, report, running, event: Lost) -> str:
         """The child hung, died or sent garbage while running cell `running`."""
-        if isinstance(event, tuple):
+        timed_out = event.kind == LostKind.TIMEOUT
+        if event.kind == LostKind.MALFORMED:
             self._kill()
-            message = ("sent the grader malformed data (" + event[1][:200] + ")")
-        elif event == "timeout":
+            message = ("sent the grader malformed data (" + event.why[:200] + ")")
+        elif timed_out:
             self._kill()
             message = (f"ran longer than {self.limits.cell_timeout:g} s and could not be "
                        "interrupted, so the grader stopped it")
@@ -479,8 +488,8 @@ class StudentSession:
             self._skip.add(culprit)
             if report is not None and report.get(culprit) is None:
                 report[culprit] = {"cell": culprit,
-                                   "status": "timeout" if event == "timeout" else "crash",
-                                   "error": {"type": "Timeout" if event == "timeout" else "Crash",
+                                   "status": "timeout" if timed_out else "crash",
+                                   "error": {"type": "Timeout" if timed_out else "Crash",
                                              "message": f"this cell {message}. The cells after it "
                                              "ran in a fresh process without it.",
                                              "where": f"<cell {culprit}>"},
@@ -488,14 +497,12 @@ class StudentSession:
         return "restart"
 
     @staticmethod
-    def _cell_entry(event: dict, number: int) -> dict:
-        status = event.get("status")
+    def _cell_entry(event: protocol.CellDone, number: int) -> dict:
+        status = event.status
         if status not in ("ok", "error", "timeout", "skipped", "not run"):
             status = "error"
-        error = _plain_error(event.get("error"))
-        seconds = event.get("seconds")
-        return {"cell": number, "status": status, "error": error,
-                "seconds": float(seconds) if isinstance(seconds, (int, float)) else 0.0}
+        return {"cell": number, "status": status, "error": _plain_error(event.error),
+                "seconds": float(event.seconds)}
 
     def _ensure_child(self) -> str | None:
         """A live child that has run the notebook (minus skipped cells); None or why not."""
@@ -538,38 +545,37 @@ class StudentSession:
         t0 = time.monotonic()
         deadline = t0 + timeout + self.limits.grace
         name = f"`{call.target}`" + (f".{call.method}" if call.method else "")
-        if not self._send({"op": "call", "id": self._call_id, "call": call.to_plain(),
-                           "timeout": timeout}, deadline):
-            event = "dead"
+        if not self._send(protocol.RunCall(self._call_id, call.to_plain(), timeout), deadline):
+            event = Lost(LostKind.DEAD)
         else:
             event = self._next_event(deadline)
-        if isinstance(event, dict) and event.get("event") == "outcome" \
-                and event.get("id") == self._call_id:
-            outcome = _validated(event.get("outcome"))
-            if outcome is None:
+        match event:
+            case protocol.CallDone(id=answered) if answered == self._call_id:
+                outcome = _validated(event.outcome)
+                if outcome is None:
+                    self._kill()
+                    outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data; "
+                                              "the grading process was restarted")
+            case Lost(kind=LostKind.TIMEOUT):
                 self._kill()
-                outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data; "
-                                          "the grading process was restarted")
-        elif event == "timeout":
-            self._kill()
-            outcome = Outcome.failure(
-                "Timeout", f"{name} took longer than {timeout:g} s and could not be "
-                "interrupted, so the grader stopped it (an infinite loop?)")
-        elif event == "dead":
-            child = self._child
-            if child is not None:
-                child.wait(self.limits.exit_wait)  # its own exit status, not the SIGKILL of the clean-up below
-            self._kill()
-            if not again and self._sandbox_died_shared():
-                return self._run(call, timeout, again=True)
-            outcome = Outcome.failure(
-                "Crash", f"{name} crashed the grading process: it "
-                f"{child.exit_description() if child else 'ended'}. The next test starts a "
-                "fresh process.")
-        else:
-            why = event[1] if isinstance(event, tuple) else "an unexpected message"
-            self._kill()
-            outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data ({why[:200]})")
+                outcome = Outcome.failure(
+                    "Timeout", f"{name} took longer than {timeout:g} s and could not be "
+                    "interrupted, so the grader stopped it (an infinite loop?)")
+            case Lost(kind=LostKind.DEAD):
+                child = self._child
+                if child is not None:
+                    child.wait(self.limits.exit_wait)  # its own exit status, not the SIGKILL of the clean-up below
+                self._kill()
+                if not again and self._sandbox_died_shared():
+                    return self._run(call, timeout, again=True)
+                outcome = Outcome.failure(
+                    "Crash", f"{name} crashed the grading process: it "
+                    f"{child.exit_description() if child else 'ended'}. The next test starts a "
+                    "fresh process.")
+            case _:
+                why = event.why if isinstance(event, Lost) else "an unexpected message"
+                self._kill()
+                outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data ({why[:200]})")
         if outcome.seconds == 0.0 and outcome.error and outcome.error.get("type") in ("Timeout", "Crash"):
             outcome.seconds = time.monotonic() - t0
         if self._channel is not None:

@@ -6,17 +6,10 @@ with REQ a pipe to read requests from, RES a pipe to write results to (never std
 code prints), CONFIG a JSON object (sys.path, limits, the output separator token). stdout and
 stderr go to a third pipe that the parent reads with a size cap.
 
-Protocol (every message is an `autograder.wire` frame, never pickle):
-    child  -> {"event": "ready", "pid", "uid", "seconds"}     once torch is imported
-    parent -> {"op": "cells", "cells": [source, ...], "skip": [cell numbers], "timeout": s,
-               "budget": s}                                  (budget: all cells together)
-    child  -> {"event": "cell", "cell": n, "status": "ok"|"error"|"timeout"|"skipped"|"not run",
-               "error": {...} | None, "seconds"}              one per cell, numbered from 1
-    child  -> {"event": "cells_done", "defined": [names]}     the notebook's top-level names
-    parent -> {"op": "call", "id": k, "call": Call.to_plain(), "timeout": s}
-    child  -> {"event": "outcome", "id": k, "outcome": Outcome.to_plain()}
-After every cell and every call the child writes "\\0<token>\\0" to stdout, so the parent can
-tell which output belongs to which cell. The child ends when the request pipe closes.
+Messages: the chapter channel of `autograder.protocol` (RunCells, RunCall in; ChildReady,
+CellDone, CellsDone, CallDone out), each an `autograder.wire` frame, never pickle. After every
+cell and every call the child writes "\\0<token>\\0" to stdout, so the parent can tell which
+output belongs to which cell. The child ends when the request pipe closes.
 
 Timeouts: SIGALRM raises `Interrupted` (a BaseException, so `except Exception` in student code
 does not swallow it) when a cell or call overruns, and again every 0.2 s until it unwinds. Code
@@ -229,59 +222,18 @@ def main(argv: list[str]) -> None:
 
 
 def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
-    """Run one chapter: answer `cells` and `call` requests until the request pipe closes."""
+    """Run one chapter: answer `RunCells` and `RunCall` requests until the request pipe closes
+    (or brings something else), then end the process."""
     global _MAIN_PID
     _MAIN_PID = os.getpid()
     import torch
 
     torch.set_num_threads(max(1, int(config.get("threads", 1))))
-    from .calls import Call, Outcome
-    from .execute import describe_error, execute
-
     _stub_selfcheck()
-    from .wire import WireError, encode, read_frame
+    from . import protocol as p
+    from .wire import FrameReader, WireError
 
-    separator = b"\0" + config["token"].encode() + b"\0"
-    requests = os.fdopen(req_fd, "rb")
-    results = os.fdopen(res_fd, "wb", buffering=0)
-
-    def send(message: dict) -> None:
-        _not_main()
-        try:
-            frame = encode(message)
-        except (WireError, TypeError, ValueError) as e:
-            if message.get("event") != "outcome":
-                raise
-            frame = encode({"event": "outcome", "id": message["id"], "outcome": Outcome.failure(
-                "TypeError", f"the result cannot be sent to the grader: {e}").to_plain()})
-        view = memoryview(frame)
-        while view:
-            n = os.write(results.fileno(), view)
-            view = view[n:]
-
-    def end_of_output() -> None:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
-        try:
-            os.write(1, separator)
-        except OSError:
-            pass
-
-    def error_of(exc: BaseException) -> dict:
-        try:
-            return describe_error(exc)
-        except BaseException:
-            return {"type": _safe_name(exc), "message": "(the exception could not be printed)",
-                    "where": ""}
-
-    module = types.ModuleType("__main__")
-    namespace = module.__dict__
-    namespace.update(__builtins__=builtins, get_ipython=_get_ipython, display=_display)
-    sys.modules["__main__"] = module
-
+    chapter = _Chapter(res_fd, config["token"])
     import random
 
     random.seed(0)  # determinism for notebooks that draw random numbers without a seed
@@ -289,85 +241,147 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(0)
     _set_limits(config)
-    send({"event": "ready", "pid": os.getpid(), "uid": os.getuid(),
-          "seconds": time.perf_counter() - start})
-    end_of_output()
-
+    chapter.send(p.ChildReady(os.getpid(), os.getuid(), time.perf_counter() - start))
+    chapter.end_of_output()
+    handlers = {p.RunCells: chapter.run_cells, p.RunCall: chapter.run_call}
+    requests = FrameReader()
     while True:
         try:
-            message = read_frame(requests)
-        except (EOFError, OSError, WireError):
+            message = p.from_plain(requests.read(req_fd))
+        except (EOFError, OSError, WireError, p.ProtocolError):
             break
-        op = message.get("op") if isinstance(message, dict) else None
-        if op == "cells":
-            skip = set(message.get("skip", []))
-            timeout = float(message["timeout"])
-            budget_end = time.monotonic() + float(message.get("budget", 1e9))
-            for number, source in enumerate(message["cells"], 1):
-                left = budget_end - time.monotonic()
-                if number in skip or left <= 0:
-                    end_of_output()
-                    send({"event": "cell", "cell": number,
-                          "status": "skipped" if number in skip else "not run", "error": None,
-                          "seconds": 0.0})
-                    continue
-                t0 = time.perf_counter()
-                cell_timeout = min(timeout, left)
-
-                name = f"<cell {number}>"
-                # so tracebacks (in cells and later in calls) show the student's lines
-                linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-
-                def run_cell(source=source, name=name):
-                    exec(compile(source, name, "exec", dont_inherit=True), namespace)
-
-                status, _, exc = guarded(run_cell, cell_timeout)
-                _not_main()
-                _reap()
-                error = None
-                if status == "error":
-                    error = error_of(exc)
-                elif status == "timeout":
-                    error = {"type": "Timeout", "where": f"<cell {number}>", "message": (
-                        f"the cell ran longer than {cell_timeout:.3g} s and was interrupted"
-                        if cell_timeout >= timeout else "the notebook's time budget ran out "
-                        "during this cell, which was interrupted")}
-                end_of_output()
-                send({"event": "cell", "cell": number, "status": status, "error": error,
-                      "seconds": time.perf_counter() - t0})
-            defined = [k for k in namespace if isinstance(k, str) and not k.startswith("_")
-                       and k not in ("get_ipython", "display")]
-            send({"event": "cells_done", "defined": [k[:200] for k in defined[:5000]]})
-        elif op == "call":
-            timeout = float(message["timeout"])
-            status = "error"
-            try:
-                call = Call.from_plain(message["call"])
-            except Exception as e:
-                outcome = Outcome.failure("GraderError", f"malformed call: {e}")
-            else:
-                status, outcome, exc = guarded(
-                    lambda: execute(namespace, call, reraise=(Interrupted,)), timeout)
-                _not_main()
-                _reap()
-                if status == "timeout":
-                    outcome = Outcome.failure(
-                        "Timeout", f"`{call.target}` took longer than {timeout:g} s and was "
-                        "interrupted (an infinite loop, or far too much work?)")
-                elif status == "error":  # KeyboardInterrupt, which execute lets through
-                    outcome = Outcome(error=error_of(exc))
-            try:
-                plain = outcome.to_plain()
-            except BaseException as e:
-                plain = Outcome.failure("GraderError", f"the result could not be read: "
-                                        f"{_safe_name(e)}").to_plain()
-            end_of_output()
-            send({"event": "outcome", "id": message.get("id"), "outcome": plain})
-            if status == "timeout" and _modes_left(torch):
-                os._exit(0)  # interrupted inside the op recorders: start afresh next time
-        else:
+        handler = handlers.get(type(message))
+        if handler is None:  # a kind the child sends, not a request
             break
+        handler(message)
     os._exit(0)  # no atexit handlers, no waiting for the student's threads
+
+
+class _Chapter:
+    """The notebook's namespace and the two requests on it (see `autograder.protocol`)."""
+
+    def __init__(self, res_fd: int, token: str):
+        self.res_fd = res_fd
+        self.separator = b"\0" + token.encode() + b"\0"
+        module = types.ModuleType("__main__")
+        self.namespace = module.__dict__
+        self.namespace.update(__builtins__=builtins, get_ipython=_get_ipython, display=_display)
+        sys.modules["__main__"] = module
+
+    def send(self, message) -> None:
+        """One frame to the grader. An outcome that cannot be encoded becomes a TypeError."""
+        from . import protocol as p
+        from .calls import Outcome
+        from .wire import WireError, encode
+
+        _not_main()
+        try:
+            frame = encode(p.plain(message))
+        except (WireError, TypeError, ValueError) as e:
+            if not isinstance(message, p.CallDone):
+                raise
+            frame = encode(p.plain(p.CallDone(message.id, Outcome.failure(
+                "TypeError", f"the result cannot be sent to the grader: {e}").to_plain())))
+        view = memoryview(frame)
+        while view:
+            n = os.write(self.res_fd, view)
+            view = view[n:]
+
+    def end_of_output(self) -> None:
+        """The separator that tells the grader where this cell's or call's output ends."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        try:
+            os.write(1, self.separator)
+        except OSError:
+            pass
+
+    def run_cells(self, message) -> None:
+        from . import protocol as p
+
+        skip = set(message.skip)
+        budget_end = time.monotonic() + float(message.budget)
+        for number, source in enumerate(message.cells, 1):
+            left = budget_end - time.monotonic()
+            if number in skip or left <= 0 or not isinstance(source, str):
+                self.end_of_output()
+                self.send(p.CellDone(number, "skipped" if number in skip else "not run", None, 0.0))
+                continue
+            t0 = time.perf_counter()
+            timeout = min(float(message.timeout), left)
+            status, error = self._run_cell(number, source, timeout, float(message.timeout))
+            self.end_of_output()
+            self.send(p.CellDone(number, status, error, time.perf_counter() - t0))
+        defined = [k for k in self.namespace if isinstance(k, str) and not k.startswith("_")
+                   and k not in ("get_ipython", "display")]
+        self.send(p.CellsDone([k[:200] for k in defined[:5000]]))
+
+    def _run_cell(self, number: int, source: str, timeout: float, cell_timeout: float):
+        name = f"<cell {number}>"
+        # so tracebacks (in cells and later in calls) show the student's lines
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+
+        def run_cell():
+            exec(compile(source, name, "exec", dont_inherit=True), self.namespace)
+
+        status, _, exc = guarded(run_cell, timeout)
+        _not_main()
+        _reap()
+        if status == "error":
+            return status, _error_of(exc)
+        if status == "timeout":
+            return status, {"type": "Timeout", "where": name, "message": (
+                f"the cell ran longer than {timeout:.3g} s and was interrupted"
+                if timeout >= cell_timeout else "the notebook's time budget ran out "
+                "during this cell, which was interrupted")}
+        return status, None
+
+    def run_call(self, message) -> None:
+        import torch
+
+        from . import protocol as p
+        from .calls import Call, Outcome
+        from .execute import execute
+
+        timeout = float(message.timeout)
+        status = "error"
+        try:
+            call = Call.from_plain(message.call)
+        except Exception as e:
+            outcome = Outcome.failure("GraderError", f"malformed call: {e}")
+        else:
+            status, outcome, exc = guarded(
+                lambda: execute(self.namespace, call, reraise=(Interrupted,)), timeout)
+            _not_main()
+            _reap()
+            if status == "timeout":
+                outcome = Outcome.failure(
+                    "Timeout", f"`{call.target}` took longer than {timeout:g} s and was "
+                    "interrupted (an infinite loop, or far too much work?)")
+            elif status == "error":  # KeyboardInterrupt, which execute lets through
+                outcome = Outcome(error=_error_of(exc))
+        try:
+            plain = outcome.to_plain()
+        except BaseException as e:
+            plain = Outcome.failure("GraderError", f"the result could not be read: "
+                                    f"{_safe_name(e)}").to_plain()
+        self.end_of_output()
+        self.send(p.CallDone(message.id, plain))
+        if status == "timeout" and _modes_left(torch):
+            os._exit(0)  # interrupted inside the op recorders: start afresh next time
+
+
+def _error_of(exc: BaseException) -> dict:
+    from .execute import describe_error
+
+    try:
+        return describe_error(exc)
+    except BaseException:
+        return {"type": _safe_name(exc), "message": "(the exception could not be printed)",
+                "where": ""}
 
 
 def _stub_selfcheck() -> None:

@@ -112,6 +112,27 @@ def f(x):
         assert value(s.run(call("f", torch.ones(2)))).tolist() == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_well_framed_but_forged_messages_are_a_crash_not_a_score(mode):
+    """Whole frames of the chapter channel that are not what the grader waits for: a reply
+    with another id, a field of the wrong type, a kind the grader sends itself."""
+    forgeries = {
+        "other_id": {"kind": "CallDone", "id": 10 ** 6, "outcome": {}},
+        "bad_field": {"kind": "CallDone", "id": "1", "outcome": {}},
+        "request": {"kind": "RunCall", "id": 1, "call": {}, "timeout": 1.0},
+    }
+    cells = ["import os, sys, torch\nfrom autograder import wire\n"
+             + "".join(f"def {name}(x):\n    os.write(int(sys.argv[2]), wire.encode({message!r}))\n"
+                       "    return x\n" for name, message in forgeries.items())
+             + "def f(x):\n    return x * 2"]
+    with session(cells, mode) as s:
+        s.start()
+        for name in forgeries:
+            out = s.run(call(name, torch.ones(2)))
+            assert out.error["type"] == "Crash", (name, out.error)
+            assert value(s.run(call("f", torch.ones(2)))).tolist() == [2.0, 2.0], name
+
+
 # ------------------------------------------------------------------ the sandbox (bubblewrap)
 
 @needs_bwrap

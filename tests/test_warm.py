@@ -33,6 +33,28 @@ def test_every_control_message_round_trips():
         assert protocol.decode(protocol.encode(message)) == message
 
 
+def test_every_chapter_message_round_trips_through_wire():
+    from autograder import wire
+
+    for message in (protocol.ChildReady(3, 65534, 0.2), protocol.RunCells(["x = 1"], [2], 10.0, 120.0),
+                    protocol.CellDone(1, "error", {"type": "E", "message": "m", "where": ""}, 0.1),
+                    protocol.CellDone(2, "ok", None, 0.0), protocol.CellsDone(["x"]),
+                    protocol.RunCall(4, {"target": "f"}, 10.0),
+                    protocol.CallDone(4, {"outputs": [torch.ones(2)]})):
+        back = protocol.from_plain(wire.decode(wire.encode(protocol.plain(message))))
+        assert type(back) is type(message)
+        assert repr(back) == repr(message)
+
+
+def test_malformed_chapter_messages_are_rejected():
+    for data in ([1], {"kind": "Ready", "pid": 1, "uid": 1, "seconds": 1.0},  # a control kind
+                 {"kind": "CallDone", "id": 1}, {"kind": "CallDone", "id": True, "outcome": {}},
+                 {"kind": "CellDone", "cell": 1, "status": "ok", "error": "x", "seconds": 0.0},
+                 {"kind": "RunCells", "cells": "x = 1", "skip": [], "timeout": 1.0, "budget": 1.0}):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.from_plain(data)
+
+
 def test_malformed_control_messages_are_rejected():
     for data in (b"not json", b'{"kind": "Nope"}', b'{"kind": "Kill"}',
                  b'{"kind": "Kill", "pid": "7"}', b'{"kind": "Kill", "pid": true}',

@@ -1,5 +1,5 @@
 """The no-pickle data format: round trips, and refusal of malformed or hostile frames."""
-import io
+import os
 import json
 import struct
 
@@ -60,10 +60,35 @@ def test_rejects_malformed_tensor_entries(entry):
 def test_rejects_bad_magic_and_oversized_header():
     with pytest.raises(wire.WireError):
         wire.decode(b"PICKLE" + b"\0" * 20)
+    reader = wire.FrameReader()
+    reader.feed(wire.MAGIC + struct.pack(">Q", wire.MAX_HEADER + 1))
     with pytest.raises(wire.WireError):
-        wire.read_frame(io.BytesIO(wire.MAGIC + struct.pack(">Q", wire.MAX_HEADER + 1)))
+        reader.pop()
+    with pytest.raises(wire.WireError, match="one whole frame"):
+        wire.decode(wire.encode(1) + b"AGW1")
+
+
+def test_the_frame_reader_splits_a_stream_however_it_arrives():
+    """The one reader of both sides: frames fed byte by byte or several at once come out
+    whole and in order; a blocking read of a pipe ends with EOFError."""
+    frames = [wire.encode({"n": n, "t": torch.arange(n)}) for n in range(4)]
+    stream = b"".join(frames)
+    for step in (1, 7, len(stream)):
+        reader, got = wire.FrameReader(), []
+        for i in range(0, len(stream), step):
+            reader.feed(stream[i:i + step])
+            while (frame := reader.pop()) is not None:
+                got.append(wire.decode(frame)["n"])
+        assert got == [0, 1, 2, 3] and not reader.buf
+    r, w = os.pipe()
+    os.write(w, stream[:30])
+    os.write(w, stream[30:])
+    os.close(w)
+    reader = wire.FrameReader()
+    assert [reader.read(r)["n"] for _ in range(4)] == [0, 1, 2, 3]
     with pytest.raises(EOFError):
-        wire.read_frame(io.BytesIO(b""))
+        reader.read(r)
+    os.close(r)
 
 
 def test_frame_length_is_the_one_parser_for_partial_and_malformed_frames():
