@@ -50,12 +50,13 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 
+from . import procs
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 # Modules the child imports: nothing secret (no references, no cases, no solutions).
 RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "protocol.py",
-                   "contract.py",
-                   "notebook.py")
+                   "procs.py", "contract.py", "notebook.py")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 NOBODY = 65534
 
@@ -534,7 +535,7 @@ class Child:
         """Kill the child and everything it started; close the pipes. Idempotent."""
         if self.mode == "bubblewrap":
             # bwrap's PID-1 has PDEATHSIG=SIGKILL; when it dies the kernel kills the namespace.
-            _signal(self.proc.pid, signal.SIGKILL)
+            procs.send(self.proc.pid, signal.SIGKILL)
             _killpg(self.proc.pid)
         else:
             kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
@@ -575,37 +576,11 @@ def describe_signal(sig: int, limits: Limits) -> str:
     return why.get(sig, f"was killed by {name}")
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _killpg(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _proc_table() -> dict[int, int]:
-    """pid -> parent pid, from /proc (empty where there is no /proc)."""
-    table = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for e in entries:
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/stat", "rb") as f:
-                stat = f.read()
-            table[int(e)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            pass
-    return table
 
 
 def _marked(token: str, pids) -> set[int]:
@@ -626,30 +601,7 @@ def kill_fallback_tree(root_pid: int, token: str, rounds: int = Limits.kill_roun
     """Stop, then kill, the child, its descendants (orphans included: the worker is a child
     subreaper), its process group, and any process carrying its environment token (a daemon
     that escaped both). Without /proc only the process group is killed."""
-    me = os.getpid()
-    found: set[int] = set()
-    for _ in range(rounds):
-        table = _proc_table()
-        new = {root_pid} if root_pid in table or not table else set()
-        frontier = [root_pid]
-        while frontier:
-            p = frontier.pop()
-            for pid, ppid in table.items():
-                if ppid == p and pid not in new:
-                    new.add(pid)
-                    frontier.append(pid)
-        new |= _marked(token, table)
-        new.discard(me)
-        new -= found
-        if not new:
-            break
-        for pid in new:
-            _signal(pid, signal.SIGSTOP)
-        found |= new
-    _killpg(root_pid)
-    for pid in found:
-        _signal(pid, signal.SIGKILL)
-    _signal(root_pid, signal.SIGKILL)
+    procs.kill_tree(root_pid, rounds, also=lambda table: _marked(token, table))
 
 
 # --------------------------------------------------------------------------- the warm worker
@@ -864,7 +816,7 @@ class WarmSandbox:
         """Kill bwrap: the PID namespace, and every process in it, goes with it."""
         if not self.dead and self.users > 1:
             self.died_shared = True
-        _signal(self.proc.pid, signal.SIGKILL)
+        procs.send(self.proc.pid, signal.SIGKILL)
         _killpg(self.proc.pid)
         try:
             self.proc.wait(self.limits.kill_wait)

@@ -27,6 +27,8 @@ import sys
 import time
 import types
 
+from . import procs
+
 
 class Interrupted(BaseException):
     """Raised by SIGALRM in the cell or call that overran its time."""
@@ -460,9 +462,9 @@ def warm(argv: list[str]) -> None:
                 ended.append(pid)
                 rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 p.send(ctl, p.Exited(pid, rc))
-        for pid in _children_of(os.getpid()):  # an orphan of a chapter that ended
+        for pid in procs.children_of(os.getpid()):  # an orphan of a chapter that ended
             if pid not in chapters:
-                _kill_tree(pid)
+                procs.kill_tree(pid)
         for pid in ended:  # its files must not reach a chapter that runs later
             _empty(_chapter_folder(pid), remove=True)
 
@@ -513,10 +515,10 @@ def warm(argv: list[str]) -> None:
             p.send(ctl, p.Forked(pid))
         elif isinstance(message, p.Kill):
             if message.pid in chapters:
-                _kill_tree(message.pid)
+                procs.kill_tree(message.pid)
         elif isinstance(message, p.Reset):
             for pid in list(chapters):
-                _kill_tree(pid)
+                procs.kill_tree(pid)
             _kill_all_but_me()
             reap()
             _empty(os.environ.get("TMPDIR", "/tmp"))
@@ -529,51 +531,6 @@ def warm(argv: list[str]) -> None:
     os._exit(0)
 
 
-def _proc_table() -> dict[int, int]:
-    """pid -> parent pid, from /proc (the sandbox's own)."""
-    table = {}
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                with open(f"/proc/{e}/stat", "rb") as f:
-                    stat = f.read()
-                table[int(e)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    return table
-
-
-def _children_of(pid: int) -> list[int]:
-    return [c for c, parent in _proc_table().items() if parent == pid]
-
-
-def _kill_tree(root: int) -> None:
-    """Stop the process, its descendants and its process group, then kill them all (stopped
-    first, so none can fork away while the tree is walked)."""
-    found: set[int] = set()
-    while True:
-        table = _proc_table()
-        new, frontier = {root} if root in table else set(), [root]
-        while frontier:
-            q = frontier.pop()
-            for pid, ppid in table.items():
-                if ppid == q and pid not in new:
-                    new.add(pid)
-                    frontier.append(pid)
-        new -= found
-        if not new:
-            break
-        for pid in new:
-            _kill(pid, signal.SIGSTOP)
-        found |= new
-    try:
-        os.killpg(root, signal.SIGKILL)
-    except OSError:
-        pass
-    for pid in found | {root}:
-        _kill(pid, signal.SIGKILL)
-
-
 def _kill_all_but_me() -> None:
     """Every process of the sandbox but this one and bubblewrap's init (PID 1). Only in a PID
     namespace of its own (the warm worker is PID 2 there), never outside one."""
@@ -581,20 +538,13 @@ def _kill_all_but_me() -> None:
     if me != 2:
         return
     for _ in range(3):
-        others = [pid for pid in _proc_table() if pid not in (1, me)]
+        others = [pid for pid in procs.proc_table() if pid not in (1, me)]
         if not others:
             return
         for pid in others:
-            _kill(pid, signal.SIGSTOP)
+            procs.send(pid, signal.SIGSTOP)
         for pid in others:
-            _kill(pid, signal.SIGKILL)
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass
+            procs.send(pid, signal.SIGKILL)
 
 
 def _chapter_folder(pid: int) -> str:

@@ -89,7 +89,10 @@ def test_gradescope_zip_runs_in_a_simulated_autograder_tree(tmp_path):
         names = z.namelist()
         assert {"setup.sh", "run_autograder"} <= set(names)
         assert "solutions/02_scaled_dot_product_attention.ipynb" in names
+        stored = [n for n in names if n.startswith("reference-cache/references-")]
+        assert len(stored) == 1
         z.extractall(root / "source")
+    stamp = (root / "source" / stored[0]).stat().st_mtime_ns
     run_autograder = root / "source" / "run_autograder"
     run_autograder.chmod(0o755)
     submission = root / "submission"
@@ -100,6 +103,11 @@ def test_gradescope_zip_runs_in_a_simulated_autograder_tree(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads((root / "results" / "results.json").read_text())
     assert results["score"] == pytest.approx(CHAPTERS["02_scaled_dot_product_attention"].points)
+    # the reference outcomes came with the zip: none was computed (or stored) for this run
+    assert [n for n in names if n.startswith("reference-cache/")] == stored
+    assert sorted(p.name for p in (root / "source" / "reference-cache").iterdir()) == \
+        [Path(n).name for n in stored]
+    assert (root / "source" / stored[0]).stat().st_mtime_ns == stamp
     assert results["tests"], "no tests in results.json"
     graded = {t["extra_data"]["exercise"] for t in results["tests"]}
     assert {"predict_equal_keys_output", "fixed_masked_attention"} <= graded  # the other kinds too

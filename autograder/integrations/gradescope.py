@@ -40,6 +40,7 @@ ROOT="${AUTOGRADER_ROOT:-/autograder}"
 PY="${AUTOGRADER_PYTHON:-/opt/grader-venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 export AUTOGRADER_SOLUTIONS="$ROOT/source/solutions"
+export AUTOGRADER_CACHE_DIR="$ROOT/source/reference-cache"
 export PYTHONPATH="$ROOT/source${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT/source"
 exec "$PY" -m autograder.integrations.gradescope "$ROOT" __CHAPTERS__
@@ -48,8 +49,14 @@ exec "$PY" -m autograder.integrations.gradescope "$ROOT" __CHAPTERS__
 PACKAGE_FILES = ("pyproject.toml",)
 
 
+CACHE_FOLDER = "reference-cache"
+
+
 def build_zip(output, chapters: list[str] | None = None) -> Path:
-    """Write the Gradescope autograder zip: setup.sh, run_autograder, the grader, the solutions."""
+    """Write the Gradescope autograder zip: setup.sh, run_autograder, the grader, the solutions,
+    and the reference outcomes of these chapters (`reference_store`), computed here once
+    instead of in every submission's fresh container (used there when its torch is the same
+    version; otherwise computed there as usual)."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(output, "w", zipfile.ZIP_DEFLATED) as z:
@@ -67,12 +74,29 @@ def build_zip(output, chapters: list[str] | None = None) -> Path:
             z.write(f, f"solutions/{f.name}")
         for name in PACKAGE_FILES:
             z.write(REPO_DIR / name, name)
+        name, data = _reference_outcomes(chapters)
+        z.writestr(f"{CACHE_FOLDER}/{name}", data)
     return output
+
+
+def _reference_outcomes(chapters: list[str] | None) -> tuple[str, bytes]:
+    """The reference-outcome file that `run` will look for, and its bytes."""
+    from .. import wire
+    from ..contract import CHAPTERS
+    from ..grading import ReferenceCache, device_plan
+    from ..inputs import grading_seed
+    from ..reference_store import ReferenceStore
+
+    seed, references = grading_seed(), ReferenceCache()
+    references.warm(chapters or list(CHAPTERS), device_plan("cpu"), seed, False)
+    name = ReferenceStore(seed, False, Path(CACHE_FOLDER)).path.name
+    return name, wire.encode(references.export(seed, False))
 
 
 def run(root, chapters: list[str] | None = None) -> dict:
     """Grade <root>/submission into <root>/results/results.json; always writes a results file."""
-    from ..grading import Grader
+    from ..grading import REFERENCES, Grader
+    from ..reference_store import persisted
     from ..report import gradescope
 
     root = Path(root)
@@ -80,7 +104,9 @@ def run(root, chapters: list[str] | None = None) -> dict:
     results_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        result = Grader().grade_path(root / "submission", chapters=chapters or None)
+        grader = Grader()
+        with persisted(REFERENCES, grader.seed, grader.quick):
+            result = grader.grade_path(root / "submission", chapters=chapters or None)
         data = gradescope.results_json(result)
     except Exception:  # the results file is written whatever happens
         data = {"score": 0.0, "execution_time": round(time.perf_counter() - start, 2),
