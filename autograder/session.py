@@ -5,8 +5,9 @@
         outcome = session.run(call)         # one graded Call -> Outcome, never raises
 
 The notebook runs in a child process (see `autograder.sandbox` for the two sandbox modes);
-only plain data comes back (`autograder.wire` frames, decoded here into fresh tensors and
-checked field by field), and comparing and scoring happen in this process alone.
+only plain data comes back (`autograder.protocol` messages in `autograder.wire` frames, read
+by `autograder.channel` and checked field by field by `autograder.child_report`), and comparing
+and scoring happen in this process alone.
 
 Failure handling, all of it local to what failed:
 - a cell that raises (SystemExit included) is reported and the next cell runs;
@@ -23,24 +24,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import select
 import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum
-
-import torch
 
 from . import protocol, wire
 from .calls import Call, Outcome
+from .channel import Budget, Capture, Channel, poll_wait
+from .child_report import plain_error, validated
 from .sandbox import Child, Limits, SandboxDied, SandboxMode, SandboxPool, choose_mode, hidden_paths
 
 __all__ = ["StudentSession", "Limits"]
-
-_OUTCOME_FIELDS = {f.name for f in fields(Outcome)}
-_MAX_TEXT = 20_000  # longest string accepted in an Outcome from the child
 
 
 class LostKind(Enum):
@@ -55,123 +52,6 @@ class Lost:
 
     kind: LostKind
     why: str = ""
-
-
-class _Budget:
-    def __init__(self, cap: int):
-        self.left = cap
-
-
-class _Capture:
-    """Output of one cell or call: the first bytes the budget allows, and a count of the rest."""
-
-    def __init__(self, budget: _Budget):
-        self.budget, self.kept, self.dropped = budget, bytearray(), 0
-
-    def add(self, data: bytes) -> None:
-        room = max(0, min(len(data), self.budget.left))
-        self.kept += data[:room]
-        self.budget.left -= room
-        self.dropped += len(data) - room
-
-    def text(self) -> str:
-        text = self.kept.decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[... {self.dropped} more bytes of output not shown]"
-        return text
-
-
-class _Channel:
-    """The parent's view of one child: frames from the result pipe, output split by separator."""
-
-    def __init__(self, child: Child, result_cap: int):
-        self.child = child
-        self.result_cap = min(result_cap, wire.MAX_PAYLOAD)
-        self.results = wire.FrameReader(min(wire.MAX_HEADER, self.result_cap), self.result_cap)
-        self.results_eof = False
-        self.output_eof = False
-        self.separator = b"\0" + child.token.encode() + b"\0"
-        self.pending = bytearray()  # output not yet attributed (may end in half a separator)
-        self.segment = 0            # how many separators have been seen
-        self.captures: dict[int, _Capture] = {}
-        self.calls = 0              # segments used by calls so far
-
-    # -- output ---------------------------------------------------------------------------
-    def _deliver(self, data: bytes) -> None:
-        capture = self.captures.get(self.segment)
-        if capture is not None and data:
-            capture.add(data)
-
-    def feed_output(self, data: bytes) -> None:
-        self.pending += data
-        while True:
-            i = self.pending.find(self.separator)
-            if i < 0:
-                break
-            self._deliver(bytes(self.pending[:i]))
-            del self.pending[: i + len(self.separator)]
-            self.segment += 1
-        keep = len(self.separator) - 1
-        if len(self.pending) > keep:
-            self._deliver(bytes(self.pending[:-keep]))
-            del self.pending[:-keep]
-
-    def flush_output(self) -> None:
-        self._deliver(bytes(self.pending))
-        self.pending.clear()
-
-    def drain_output(self, limit: int) -> None:
-        got = 0
-        while not self.output_eof and got < limit:
-            try:
-                data = os.read(self.child.out_fd, 1 << 16)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self.output_eof = True
-                self.flush_output()
-                return
-            got += len(data)
-            self.feed_output(data)
-
-    # -- results --------------------------------------------------------------------------
-    def read_results(self) -> None:
-        while not self.results_eof:
-            try:
-                data = os.read(self.child.res_fd, 1 << 20)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self.results_eof = True
-                return
-            self.results.feed(data)
-            if len(self.results.buf) > self.result_cap + (1 << 20):
-                raise wire.WireError("the child sent more data than the result size limit")
-
-    def next_message(self):
-        """The child's next message (a `protocol` dataclass); None while none is complete.
-        WireError or ProtocolError if what came is malformed."""
-        frame = self.results.pop()
-        return None if frame is None else protocol.from_plain(wire.decode(frame))
-
-
-def _poll_wait(channel: _Channel, deadline: float, write: memoryview | None = None):
-    """Wait until something happens on the child's pipes or the deadline passes."""
-    poller = select.poll()
-    if not channel.results_eof:
-        poller.register(channel.child.res_fd, select.POLLIN)
-    if not channel.output_eof:
-        poller.register(channel.child.out_fd, select.POLLIN)
-    if write is not None:
-        poller.register(channel.child.req_fd, select.POLLOUT)
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return []
-    return poller.poll(max(1, int(remaining * 1000)))
 
 
 class StudentSession:
@@ -201,7 +81,7 @@ class StudentSession:
             self._pool = sandboxes or SandboxPool(self.limits, hide)
         self._lock = threading.RLock()
         self._child: Child | None = None
-        self._channel: _Channel | None = None
+        self._channel: Channel | None = None
         self._skip: set[int] = set()
         self._report: dict | None = None
         self._start_error: str | None = None
@@ -249,9 +129,9 @@ class StudentSession:
             if self._report is not None:
                 return self._report
             t0 = time.monotonic()
-            budget = _Budget(self.limits.output_cap)
+            budget = Budget(self.limits.output_cap)
             report = {n: None for n in range(1, len(self.cells) + 1)}
-            captures: dict[int, _Capture] = {}
+            captures: dict[int, Capture] = {}
             error = None
             used = 0.0  # the time budget counts cells only, not the children's start-up
             for _attempt in range(len(self.cells) + 2):
@@ -325,8 +205,8 @@ class StudentSession:
             if isinstance(child, str):
                 last = child
                 continue
-            channel = _Channel(child, self.limits.result_cap)
-            startup = _Capture(_Budget(4096))
+            channel = Channel(child, self.limits.result_cap)
+            startup = Capture(Budget(4096))
             channel.captures[0] = startup
             self._child, self._channel = child, channel
             self.children += 1
@@ -390,7 +270,7 @@ class StudentSession:
                 return Lost(LostKind.DEAD)
             if time.monotonic() >= deadline:
                 return Lost(LostKind.TIMEOUT)
-            ready = {fd for fd, _ in _poll_wait(ch, deadline)}
+            ready = {fd for fd, _ in poll_wait(ch, deadline)}
             if self._child.out_fd in ready:
                 ch.drain_output(self.limits.drain_cap)
             if self._child.res_fd in ready:
@@ -414,7 +294,7 @@ class StudentSession:
                 return False
             if time.monotonic() >= deadline:
                 return False
-            ready = {fd for fd, _ in _poll_wait(ch, deadline, write=view)}
+            ready = {fd for fd, _ in poll_wait(ch, deadline, write=view)}
             if self._child.out_fd in ready:
                 ch.drain_output(self.limits.drain_cap)
             if self._child.res_fd in ready:
@@ -426,7 +306,7 @@ class StudentSession:
                     return False
         return True
 
-    def _run_cells(self, report: dict | None, captures: dict, budget: _Budget | None,
+    def _run_cells(self, report: dict | None, captures: dict, budget: Budget | None,
                    end: float) -> str:
         """Run the notebook in the current child: "done", or "restart" after the child hung or
         died (the culprit cell is added to the skip set)."""
@@ -436,7 +316,7 @@ class StudentSession:
         if report is not None:
             for n in numbers:
                 if report[n] is None:
-                    captures[n] = ch.captures[n] = _Capture(budget)
+                    captures[n] = ch.captures[n] = Capture(budget)
         left = max(0.0, end - time.monotonic())
         if not self._send(protocol.RunCells(self.cells, sorted(self._skip), limits.cell_timeout, left),
                           time.monotonic() + limits.send_timeout):
@@ -501,7 +381,7 @@ class StudentSession:
         status = event.status
         if status not in ("ok", "error", "timeout", "skipped", "not run"):
             status = "error"
-        return {"cell": number, "status": status, "error": _plain_error(event.error),
+        return {"cell": number, "status": status, "error": plain_error(event.error),
                 "seconds": float(event.seconds)}
 
     def _ensure_child(self) -> str | None:
@@ -541,7 +421,7 @@ class StudentSession:
         ch = self._channel
         self._call_id += 1
         ch.calls += 1
-        capture = ch.captures[len(self.cells) + ch.calls] = _Capture(_Budget(self.limits.output_cap))
+        capture = ch.captures[len(self.cells) + ch.calls] = Capture(Budget(self.limits.output_cap))
         t0 = time.monotonic()
         deadline = t0 + timeout + self.limits.grace
         name = f"`{call.target}`" + (f".{call.method}" if call.method else "")
@@ -551,7 +431,7 @@ class StudentSession:
             event = self._next_event(deadline)
         match event:
             case protocol.CallDone(id=answered) if answered == self._call_id:
-                outcome = _validated(event.outcome)
+                outcome = validated(event.outcome)
                 if outcome is None:
                     self._kill()
                     outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data; "
@@ -595,96 +475,3 @@ def _cell_message(entry: dict) -> str:
     if err.get("type") in ("Timeout", "Crash"):
         return err.get("message", "") + where
     return f"{err.get('type')}: {err.get('message', '')}{where}"
-
-
-# ------------------------------------------------------------------------------ validation
-
-def _text(x, limit: int = _MAX_TEXT) -> str:
-    if not isinstance(x, str):
-        raise TypeError("expected a string")
-    return x if len(x) <= limit else x[:limit] + " …"
-
-
-def _plain_error(err) -> dict | None:
-    if err is None:
-        return None
-    if not isinstance(err, dict):
-        return {"type": "Error", "message": "(unreadable error)", "where": ""}
-    out = {}
-    for key in ("type", "message", "where"):
-        value = err.get(key, "")
-        out[key] = value[:_MAX_TEXT] if isinstance(value, str) else ""
-    mro = err.get("mro")
-    if isinstance(mro, list) and all(isinstance(m, str) for m in mro):
-        out["mro"] = [m[:200] for m in mro[:50]]
-    return out
-
-
-def _tensor_or_none(x):
-    if x is None:
-        return None
-    if type(x) is not torch.Tensor:  # decode makes plain tensors; anything else is forged
-        raise TypeError("expected a tensor")
-    return x
-
-
-def _validated(d) -> Outcome | None:
-    """An Outcome built from the child's plain data, or None when it is not well formed.
-
-    The child is untrusted: every field is checked for type, strings are capped, and only
-    plain tensors (the wire decoder's own) are accepted.
-    """
-    try:
-        if not isinstance(d, dict) or not set(d) <= _OUTCOME_FIELDS:
-            return None
-        out = Outcome()
-        if d.get("error") is not None:
-            out.error = _plain_error(d["error"])
-        out.returned = _text(d.get("returned", ""), 500)
-        outputs = d.get("outputs", [])
-        meta = d.get("meta", [])
-        if not isinstance(outputs, list) or not isinstance(meta, list) or len(outputs) > 1000:
-            return None
-        out.outputs = [_tensor_or_none(x) for x in outputs]
-        for m in meta:
-            if not isinstance(m, dict):
-                return None
-            clean = {}
-            for k, v in m.items():
-                if k == "shape":
-                    if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
-                        return None
-                    clean[k] = v
-                elif k in ("dtype", "device", "type"):
-                    clean[k] = _text(v, 200)
-            out.meta.append(clean)
-        grads = d.get("grads", {})
-        if not isinstance(grads, dict):
-            return None
-        out.grads = {_text(k, 500): _tensor_or_none(v) for k, v in grads.items()}
-        params = d.get("params")
-        if params is not None:
-            if not isinstance(params, dict):
-                return None
-            out.params = {}
-            for k, v in params.items():
-                if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
-                    return None
-                out.params[_text(k, 500)] = v
-        if d.get("load_error") is not None:
-            out.load_error = _text(d["load_error"])
-        for key in ("inputs_modified", "forbidden", "called"):
-            value = d.get(key, [])
-            if not isinstance(value, list):
-                return None
-            setattr(out, key, [_text(v, 500) for v in value[:100]])
-        seconds = d.get("seconds", 0.0)
-        out.seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
-        largest = d.get("largest_tensor")
-        if largest is not None:
-            if not (isinstance(largest, list) and len(largest) == 2 and type(largest[0]) is int):
-                return None
-            out.largest_tensor = [largest[0], _text(largest[1], 200)]
-        return out
-    except (TypeError, ValueError, AttributeError):
-        return None

@@ -1,0 +1,36 @@
+"""autograder/child_report.py: what a chapter's child reports is believed only when every field
+has the right type; strings are capped and only plain tensors pass."""
+import torch
+
+from autograder.calls import Outcome
+from autograder.child_report import plain_error, validated
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+def test_a_well_formed_outcome_is_rebuilt_field_by_field():
+    plain = Outcome(returned="Tensor", outputs=[torch.ones(2)], meta=[{"shape": [2], "dtype": "float64",
+                    "device": "cpu", "extra": "dropped"}], grads={"args.0": torch.zeros(2)},
+                    called=["softmax"], seconds=0.5, largest_tensor=[4, "aten.mm"]).to_plain()
+    out = validated(plain)
+    assert out.outputs[0].tolist() == [1.0, 1.0] and out.grads["args.0"].tolist() == [0.0, 0.0]
+    assert out.meta == [{"shape": [2], "dtype": "float64", "device": "cpu"}]
+    assert out.called == ["softmax"] and out.largest_tensor == [4, "aten.mm"]
+
+
+def test_anything_else_is_refused():
+    good = Outcome(outputs=[torch.ones(1)]).to_plain()
+    for bad in ([], {"unknown_field": 1}, {**good, "outputs": [Sub(torch.ones(1))]},
+                {**good, "outputs": ["not a tensor"]}, {**good, "meta": [{"shape": ["2"]}]},
+                {**good, "grads": []}, {**good, "params": {"w": [2.5]}},
+                {**good, "largest_tensor": ["4", "mm"]}, {**good, "called": "softmax"}):
+        assert validated(bad) is None, bad
+
+
+def test_long_strings_are_capped_and_errors_are_plain():
+    out = validated({"error": {"type": "E" * 50_000, "message": 3, "where": ""}, "returned": "x" * 9999})
+    assert len(out.error["type"]) <= 20_000 and out.error["message"] == ""
+    assert len(out.returned) <= 502
+    assert plain_error("a string") == {"type": "Error", "message": "(unreadable error)", "where": ""}
