@@ -653,8 +653,8 @@ class WarmSandbox:
         self.exits: dict[int, int] = {}
         self.ready = None          # the Ready message
         self.dead = False
-        # kept by the SandboxPool: chapters in it now, the most at once, whether it is being reset
-        self.users, self.most_users, self.resetting = 0, 0, False
+        # kept by the SandboxPool: chapters in it now, whether it is being reset
+        self.users, self.resetting = 0, False
         self.died_shared = False   # it died while more than one chapter was in it
         self._request_lock = threading.Lock()
         self.sock, self._out_fd = mine, out_r
@@ -931,7 +931,6 @@ class SandboxPool:
                 if usable:
                     box = min(usable, key=lambda b: b.users)
                     box.users += 1
-                    box.most_users = max(box.most_users, box.users)
                     self._fresh.discard(id(box))
                     return box
                 if not any(b.resetting for b in alive):
@@ -939,7 +938,6 @@ class SandboxPool:
                 self._cond.wait(self.limits.control_timeout)
             box = self._new()  # under the lock, so two chapters starting at once share it
             box.users += 1
-            box.most_users = box.users
             return box
 
     def release(self, box: WarmSandbox) -> None:

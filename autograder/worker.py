@@ -263,6 +263,14 @@ class _Chapter:
     """The notebook's namespace and the two requests on it (see `autograder.protocol`)."""
 
     def __init__(self, res_fd: int, token: str):
+        # Bound now, before any student code runs (it could replace module attributes later).
+        from . import protocol
+        from .calls import Call, Outcome
+        from .execute import execute
+        from .wire import WireError, encode
+
+        self.p, self.Call, self.Outcome, self.execute = protocol, Call, Outcome, execute
+        self.WireError, self.encode = WireError, encode
         self.res_fd = res_fd
         self.separator = b"\0" + token.encode() + b"\0"
         module = types.ModuleType("__main__")
@@ -272,17 +280,14 @@ class _Chapter:
 
     def send(self, message) -> None:
         """One frame to the grader. An outcome that cannot be encoded becomes a TypeError."""
-        from . import protocol as p
-        from .calls import Outcome
-        from .wire import WireError, encode
-
+        p, encode = self.p, self.encode
         _not_main()
         try:
             frame = encode(p.plain(message))
-        except (WireError, TypeError, ValueError) as e:
+        except (self.WireError, TypeError, ValueError) as e:
             if not isinstance(message, p.CallDone):
                 raise
-            frame = encode(p.plain(p.CallDone(message.id, Outcome.failure(
+            frame = encode(p.plain(p.CallDone(message.id, self.Outcome.failure(
                 "TypeError", f"the result cannot be sent to the grader: {e}").to_plain())))
         view = memoryview(frame)
         while view:
@@ -302,8 +307,7 @@ class _Chapter:
             pass
 
     def run_cells(self, message) -> None:
-        from . import protocol as p
-
+        p = self.p
         skip = set(message.skip)
         budget_end = time.monotonic() + float(message.budget)
         for number, source in enumerate(message.cells, 1):
@@ -342,12 +346,7 @@ class _Chapter:
         return status, None
 
     def run_call(self, message) -> None:
-        import torch
-
-        from . import protocol as p
-        from .calls import Call, Outcome
-        from .execute import execute
-
+        p, Call, Outcome, execute = self.p, self.Call, self.Outcome, self.execute
         timeout = float(message.timeout)
         status = "error"
         try:
@@ -372,7 +371,7 @@ class _Chapter:
                                     f"{_safe_name(e)}").to_plain()
         self.end_of_output()
         self.send(p.CallDone(message.id, plain))
-        if status == "timeout" and _modes_left(torch):
+        if status == "timeout" and _modes_left():
             os._exit(0)  # interrupted inside the op recorders: start afresh next time
 
 
@@ -398,9 +397,10 @@ def _stub_selfcheck() -> None:
     sys.modules[stub.__name__] = stub
 
 
-def _modes_left(torch) -> bool:
+def _modes_left() -> bool:
     """Whether an interrupted call left a torch function/dispatch mode pushed."""
     try:
+        import torch
         from torch.utils._python_dispatch import _len_torch_dispatch_stack
 
         return bool(torch._C._len_torch_function_stack() or _len_torch_dispatch_stack())
