@@ -1,4 +1,5 @@
-"""Reference outcomes kept on disk between grading runs (the instructor's cache, never shipped).
+"""Reference outcomes kept on disk between grading runs (the instructor's cache; never seen by
+students' code, and shipped only inside the Gradescope autograder zip).
 
 Computing the reference outcomes (every case on the CPU and the meta device) is most of what a
 `grade` run costs beyond the student's own code, and it gives the same answer every time for
@@ -40,9 +41,10 @@ def digest() -> str:
     from .references import PACKAGE_DIR, solutions_dir
 
     h = hashlib.sha256(f"format {FORMAT} torch {torch.__version__}".encode())
-    files = sorted(PACKAGE_DIR.rglob("*.py")) + sorted(solutions_dir().glob("*.ipynb"))
-    for f in files:
-        h.update(str(f.name).encode() + b"\0")
+    files = [(f.relative_to(PACKAGE_DIR).as_posix(), f) for f in sorted(PACKAGE_DIR.rglob("*.py"))]
+    files += [(f"solutions/{f.name}", f) for f in sorted(solutions_dir().glob("*.ipynb"))]
+    for name, f in files:
+        h.update(name.encode() + b"\0")
         h.update(f.read_bytes())
     return h.hexdigest()[:24]
 
@@ -54,7 +56,6 @@ class ReferenceStore:
         self.folder = folder if folder is not None else cache_dir()
         self.prefix = f"references-s{seed}-{'quick' if quick else 'full'}-"
         self.path = self.folder / f"{self.prefix}{digest()}.agw" if self.folder else None
-        self.loaded = 0  # outcomes read from the file
 
     def load(self) -> dict | None:
         """The stored plain data (see `ReferenceCache.export`), or None."""
@@ -69,7 +70,6 @@ class ReferenceStore:
         if not (isinstance(data, dict) and isinstance(data.get("cases"), list)
                 and isinstance(data.get("outcomes"), list)):
             return None
-        self.loaded = len(data["outcomes"])
         return data
 
     def save(self, plain: dict) -> bool:
