@@ -15,6 +15,7 @@ from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
 from .report import gradescope, html
 from .results import ChapterResult, SubmissionResult
+from .sandbox import SandboxMode, SandboxPool, choose_mode
 
 
 def student_folders(class_dir: Path) -> list[Path]:
@@ -34,31 +35,58 @@ def class_chapters(grader: Grader, folders: list[Path]) -> list[str]:
 
 
 _SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
+_ZYGOTE = None  # this worker's zygote (False where it cannot be used)
+
+
+def _zygote(grader: Grader):
+    """This worker's zygote (`sandbox.Zygote`), started on its first student; None where there
+    is none (not root, or it did not start: students then get sandboxes started from scratch)."""
+    global _ZYGOTE
+    from .sandbox import Limits, Zygote, hidden_paths, time_now
+
+    if _ZYGOTE is None:
+        _ZYGOTE = False
+        if Zygote.usable(SandboxMode.BUBBLEWRAP):
+            import atexit
+            import tempfile
+            from multiprocessing import util
+
+            limits = grader.limits or Limits.from_env()
+            try:
+                zygote = Zygote(limits, hidden_paths(), tempfile.mkdtemp(prefix="autograder-zygote-"))
+            except OSError:
+                return None
+            atexit.register(zygote.kill)
+            util.Finalize(None, zygote.kill, exitpriority=10)  # a pool worker skips atexit
+            if zygote.wait_ready(time_now() + limits.startup_timeout) is None:
+                _ZYGOTE = zygote
+    return _ZYGOTE if _ZYGOTE and not _ZYGOTE.dead else None
 
 
 def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     """One student's chapters, one after another in the student's own warm sandbox (torch is
-    imported there once; each chapter's child is forked fresh)."""
-    from .sandbox import SandboxMode, SandboxPool, choose_mode
-
+    imported there once, or once per worker where a zygote forks the students' sandboxes; each
+    chapter's child is forked fresh)."""
     global _SPARES
     pool = None
     if any(nb is not None for _, nb in todo) and choose_mode(
             None if grader.sandbox == "auto" else grader.sandbox)[0] == SandboxMode.BUBBLEWRAP:
-        pool = SandboxPool(grader.limits)
-        if _SPARES is None:
-            import atexit
-            from multiprocessing import util
+        zygote = _zygote(grader)
+        pool = SandboxPool(grader.limits, zygote=zygote)
+        if zygote is None:
+            if _SPARES is None:
+                import atexit
+                from multiprocessing import util
 
-            _SPARES = SandboxPool(grader.limits)
-            atexit.register(_SPARES.close)
-            util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
-        spare = _SPARES.take_fresh()
-        if spare is not None:
-            pool.adopt(spare)  # started during the previous student: torch already imported
-        else:
-            pool.prestart()
-        _SPARES.prestart(1)  # the next student's, importing while this one is graded
+                _SPARES = SandboxPool(grader.limits)
+                atexit.register(_SPARES.close)
+                util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
+            spare = _SPARES.take_fresh()
+            if spare is not None:
+                pool.adopt(spare)  # started during the previous student: torch already imported
+            else:
+                pool.prestart()
+            _SPARES.prestart(1)  # the next student's, importing while this one is graded
     try:
         return [grader.grade_planned(chapter_id, notebook, pool) for chapter_id, notebook in todo]
     finally:

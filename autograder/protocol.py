@@ -19,6 +19,16 @@ message, JSON, with the chapter child's three pipe ends attached (SCM_RIGHTS) to
     warm   -> grader ResetDone()             and /tmp is emptied
     warm   -> grader Ready(pid, uid, seconds) once, after its imports
 
+The zygote channel, between a batch worker and its zygote (`autograder.worker.zygote`): one
+sandbox per batch worker that imports torch once and starts each student's warm worker by
+forking it into namespaces of its own (see `autograder.sandbox.Zygote`). Same encoding.
+
+    zygote -> grader Ready(pid, uid, seconds) once, after its imports
+    grader -> zygote Spawn(token, config) + [control socket end, output write end]
+    zygote -> grader Spawned(token, pid)      the student's warm worker starts on that socket
+    grader -> zygote KillBox(pid)             that student's sandbox and everything in it
+    zygote -> grader BoxEnded(pid, returncode) whenever a student's sandbox ends
+
 The chapter channel, between the grader and one chapter's child (`autograder.worker.serve`):
 `wire` frames over pipes (outcomes carry tensors), each a dict {"kind": ..., fields}.
 
@@ -88,7 +98,31 @@ class ResetDone:
     pass
 
 
-KINDS = {cls.__name__: cls for cls in (Ready, Fork, Forked, Kill, Exited, Reset, ResetDone)}
+@dataclass
+class Spawn:
+    token: str
+    config: dict
+
+
+@dataclass
+class Spawned:
+    token: str
+    pid: int
+
+
+@dataclass
+class KillBox:
+    pid: int
+
+
+@dataclass
+class BoxEnded:
+    pid: int
+    returncode: int
+
+
+KINDS = {cls.__name__: cls for cls in (Ready, Fork, Forked, Kill, Exited, Reset, ResetDone,
+                                       Spawn, Spawned, KillBox, BoxEnded)}
 
 
 # ------------------------------------------------------------------ the chapter channel

@@ -56,7 +56,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 # Modules the child imports: nothing secret (no references, no cases, no solutions).
 RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "protocol.py",
-                   "procs.py", "contract.py", "notebook.py")
+                   "procs.py", "contract.py", "notebook.py", "zygote.py")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 NOBODY = 65534
 
@@ -255,10 +255,13 @@ def _depth(path: str) -> int:
 
 
 def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str], stage: Path,
-                  limits: Limits, variant: int = 0) -> list[str]:
+                  limits: Limits, variant: int = 0, keep_root: bool = False) -> list[str]:
     """The bwrap command line that runs `python_argv` in the sandbox.
 
     variant 0 is the full set of options; variant 1 leaves out the ones an older bwrap lacks.
+    keep_root (the grader runs as root): the process stays root with its capabilities instead
+    of becoming `nobody`; only for the zygote (`autograder.zygote`), which never runs student
+    code and drops to `nobody` in every student's process it forks.
     """
     bwrap = shutil.which("bwrap") or "bwrap"
     root = os.geteuid() == 0
@@ -327,7 +330,9 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
         args += ["--dev-bind", dev, dev]
     args += ["--perms", "0755", "--dir", "/run", "--ro-bind", str(stage), RUNTIME_DEST]
     args += ["--chdir", "/tmp"]
-    if root:
+    if root and keep_root:
+        args += ["--cap-add", "ALL", "--"]
+    elif root:
         setpriv = shutil.which("setpriv")
         if setpriv:
             args += ["--", setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
@@ -470,9 +475,9 @@ def _config(mode: str, limits: Limits, runtime: str, sys_path: list[str], drop, 
     }
 
 
-def _python_argv(runtime: str, entry: str, args: list[str]) -> list[str]:
-    code = ("import sys; sys.path[:0] = [%r]; from autograder.worker import %s; "
-            "%s(sys.argv[1:])" % (runtime, entry, entry))
+def _python_argv(runtime: str, entry: str, args: list[str], module: str = "worker") -> list[str]:
+    code = ("import sys; sys.path[:0] = [%r]; from autograder.%s import %s; "
+            "%s(sys.argv[1:])" % (runtime, module, entry, entry))
     argv = [sys.executable, "-B", "-u"]
     if sys.version_info >= (3, 11):
         argv.append("-P")
@@ -621,55 +626,67 @@ class SandboxDied(OSError):
     """The student's warm worker (and so the sandbox) is gone or stopped answering."""
 
 
-class WarmSandbox:
-    """One student's bubblewrap sandbox holding a warm worker (`autograder.worker.warm`) that
-    has imported torch once and forks a fresh child per chapter (`fork`), each working in a
-    folder of its own under /tmp that the worker removes when that child ends. Several chapters
-    of the student may run in it at once (see `SandboxPool`); once none is left, `reset` kills
-    whatever they left and empties /tmp before the next."""
+class _Bwrap:
+    """A sandbox's bubblewrap process (`poll`, `stop`)."""
 
-    def __init__(self, limits: Limits, hidden: list[str], workdir: str):
-        import secrets
+    def __init__(self, popen: subprocess.Popen):
+        self.popen, self.pid = popen, popen.pid
+
+    @classmethod
+    def start(cls, argv: list[str], sock_fd: int, out_fd: int, token: str, workdir: str) -> "_Bwrap":
+        """Run `argv` (a bwrap command line) with the control socket and output pipe."""
+        return cls(subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,),
+            env=_base_env("/tmp", token), cwd=workdir, start_new_session=True, close_fds=True))
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def stop(self, wait: float) -> None:
+        """Kill bwrap: the PID namespace, and every process in it, goes with it."""
+        procs.send(self.pid, signal.SIGKILL)
+        _killpg(self.pid)
+        try:
+            self.popen.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class _Controlled:
+    """A process in a sandbox that the grader drives over a control socket (`protocol`): a
+    student's warm worker, or a batch worker's zygote.
+
+    `launch(sock_fd, out_fd)` starts it and returns its process (`poll`, `stop`). It is called
+    from the listener thread, which lives exactly as long as the sandbox: bubblewrap's
+    --die-with-parent ties bwrap's life to the *thread* that started it, and the thread that
+    asked for a sandbox may end before the sandbox does."""
+
+    what = "the grading process"
+
+    def __init__(self, limits: Limits, launch):
         import socket
 
         from . import protocol
 
         self._p = protocol
-        self.limits, self.mode = limits, SandboxMode.BUBBLEWRAP
+        self.limits = limits
         self.started = time_now()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out_r, out_w = os.pipe()
-        stage = stage_runtime()
-        sys_path = child_sys_path(hidden)
-        drop = [NOBODY, NOBODY] if os.geteuid() == 0 and not shutil.which("setpriv") else None
-        token = secrets.token_hex(16)
-        config = _config("bubblewrap", limits, RUNTIME_DEST, sys_path, drop, token)
-        argv = _python_argv(RUNTIME_DEST, "warm", [str(theirs.fileno()), json.dumps(config)])
-        _, _, variant = probe_bubblewrap()
-        argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
-        self.output = bytearray()  # the warm worker's own output (start-up errors), last 4 KiB
+        self.output = bytearray()  # the process's own output (start-up errors), last 4 KiB
         self._cond = threading.Condition()
         self._replies: list = []
-        self.exits: dict[int, int] = {}
         self.ready = None          # the Ready message
         self.dead = False
-        # kept by the SandboxPool: chapters in it now, whether it is being reset
-        self.users, self.resetting = 0, False
-        self.died_shared = False   # it died while more than one chapter was in it
+        self.proc = None
         self._request_lock = threading.Lock()
         self.sock, self._out_fd = mine, out_r
-        # bwrap is started by the listener thread, which lives exactly as long as the sandbox:
-        # --die-with-parent ties bwrap's life to the *thread* that started it, and the thread
-        # of the chapter that asked for this sandbox may end before the sandbox does.
         started: list = []
         spawned = threading.Event()
 
         def spawn() -> bool:
             try:
-                self.proc = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
-                    pass_fds=(theirs.fileno(),), env=_base_env("/tmp", token), cwd=workdir,
-                    start_new_session=True, close_fds=True)
+                self.proc = launch(theirs.fileno(), out_w)
                 started.append(None)
             except OSError as e:
                 started.append(e)
@@ -685,6 +702,13 @@ class WarmSandbox:
             mine.close()
             os.close(out_r)
             raise started[0]
+
+    def _on_message(self, message) -> None:
+        """A message from the process (called with the condition held)."""
+        if isinstance(message, self._p.Ready):
+            self.ready = message
+        else:
+            self._replies.append(message)
 
     # -- the listener thread --------------------------------------------------------------
     def _listen(self, spawn) -> None:
@@ -708,12 +732,7 @@ class WarmSandbox:
                     if message is None:
                         break
                     with self._cond:
-                        if isinstance(message, p.Exited):
-                            self.exits[message.pid] = message.returncode
-                        elif isinstance(message, p.Ready):
-                            self.ready = message
-                        else:
-                            self._replies.append(message)
+                        self._on_message(message)
                         self._cond.notify_all()
         except (OSError, ValueError):  # ProtocolError is a ValueError: garbage ends the sandbox
             pass
@@ -729,7 +748,7 @@ class WarmSandbox:
 
     # -- requests -------------------------------------------------------------------------
     def wait_ready(self, deadline: float) -> str | None:
-        """None once the warm worker has imported everything, else why it did not start."""
+        """None once the process has imported everything, else why it did not start."""
         self._wait(lambda: self.ready is not None, max(0.0, deadline - time_now()))
         if self.ready is not None and not self.dead:
             return None
@@ -738,11 +757,11 @@ class WarmSandbox:
         detail = self.output.decode("utf-8", "replace").strip().splitlines()[-3:]
         why = (f"did not start within {self.limits.startup_timeout:g} s" if timed_out
                else describe_exit(self.proc.poll(), self.limits, True))
-        return f"the grading process {why}" + (": " + " | ".join(detail) if detail else "")
+        return f"{self.what} {why}" + (": " + " | ".join(detail) if detail else "")
 
     def _request(self, message, fds=(), reply=None):
-        """Send a request; with `reply` (a message class) wait for it. SandboxDied if the warm
-        worker is gone or does not answer within `control_timeout` (it is killed then)."""
+        """Send a request; with `reply` (a message class) wait for it. SandboxDied if the
+        process is gone or does not answer within `control_timeout` (it is killed then)."""
         p = self._p
         with self._request_lock:
             if self.dead:
@@ -766,8 +785,63 @@ class WarmSandbox:
             self._wait(got, self.limits.control_timeout)
             if not found:
                 self.kill()
-                raise SandboxDied("the sandbox's worker stopped answering")
+                raise SandboxDied(f"{self.what} stopped answering")
             return found[0]
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the process and its sandbox. Idempotent."""
+        if self.proc is not None:
+            self.proc.stop(self.limits.kill_wait)
+        with self._cond:
+            self.dead = True
+            self._cond.notify_all()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class WarmSandbox(_Controlled):
+    """One student's sandbox holding a warm worker (`autograder.worker.warm`) that has imported
+    torch once and forks a fresh child per chapter (`fork`), each working in a folder of its own
+    under /tmp that the worker removes when that child ends. Several chapters of the student may
+    run in it at once (see `SandboxPool`); once none is left, `reset` kills whatever they left
+    and empties /tmp before the next.
+
+    The sandbox is a bubblewrap sandbox of its own, or, given a `Zygote` (batch grading as
+    root), namespaces of its own forked from the zygote, whose torch is already imported."""
+
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str, zygote: "Zygote | None" = None):
+        import secrets
+
+        self.mode = SandboxMode.BUBBLEWRAP
+        sys_path = child_sys_path(hidden)
+        drop = [NOBODY, NOBODY] if os.geteuid() == 0 and not shutil.which("setpriv") else None
+        token = secrets.token_hex(16)
+        config = _config("bubblewrap", limits, RUNTIME_DEST, sys_path, drop, token)
+        self.exits: dict[int, int] = {}
+        # kept by the SandboxPool: chapters in it now, whether it is being reset
+        self.users, self.resetting = 0, False
+        self.died_shared = False   # it died while more than one chapter was in it
+        if zygote is not None:
+            def launch(sock_fd, out_fd):
+                return zygote.spawn(token, {**config, **zygote.box_config}, sock_fd, out_fd)
+        else:
+            def launch(sock_fd, out_fd):
+                argv = _python_argv(RUNTIME_DEST, "warm", [str(sock_fd), json.dumps(config)])
+                return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
+                                                  probe_bubblewrap()[2]),
+                                    sock_fd, out_fd, token, workdir)
+        super().__init__(limits, launch)
+
+    def _on_message(self, message) -> None:
+        if isinstance(message, self._p.Exited):
+            self.exits[message.pid] = message.returncode
+        else:
+            super()._on_message(message)
 
     def fork(self, token: str) -> "ForkedChild":
         """A fresh child for one chapter, forked from the warm worker."""
@@ -809,26 +883,81 @@ class WarmSandbox:
         except SandboxDied:
             return False
 
-    def alive(self) -> bool:
-        return not self.dead and self.proc.poll() is None
-
     def kill(self) -> None:
-        """Kill bwrap: the PID namespace, and every process in it, goes with it."""
         if not self.dead and self.users > 1:
             self.died_shared = True
-        procs.send(self.proc.pid, signal.SIGKILL)
-        _killpg(self.proc.pid)
+        super().kill()
+
+
+class Zygote(_Controlled):
+    """A batch worker's zygote (`autograder.zygote`): one sandbox that imports torch once and
+    starts every student's warm worker by forking it into namespaces of its own, instead of a
+    bubblewrap sandbox and a torch import per student. Only where the grader runs as root
+    (`usable`); a student's sandbox that it cannot start is started the usual way."""
+
+    what = "the zygote"
+
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str):
+        import secrets
+
+        sys_path = child_sys_path(hidden)
+        token = secrets.token_hex(16)
+        config = _config("bubblewrap", limits, RUNTIME_DEST, sys_path, None, token)
+        self.box_config = {"tmp_size": limits.tmp_size, "nobody": NOBODY}
+        self.ended: dict[int, int] = {}  # a student's sandbox (its pid here) -> how it ended
+
+        def launch(sock_fd, out_fd):
+            argv = _python_argv(RUNTIME_DEST, "zygote", [str(sock_fd), json.dumps(config)],
+                                module="zygote")
+            return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
+                                              probe_bubblewrap()[2], keep_root=True),
+                                sock_fd, out_fd, token, workdir)
+        super().__init__(limits, launch)
+
+    @staticmethod
+    def usable(mode: "SandboxMode") -> bool:
+        return mode == SandboxMode.BUBBLEWRAP and sys.platform == "linux" and os.geteuid() == 0
+
+    def _on_message(self, message) -> None:
+        if isinstance(message, self._p.BoxEnded):
+            self.ended[message.pid] = message.returncode
+        else:
+            super()._on_message(message)
+
+    def spawn(self, token: str, config: dict, sock_fd: int, out_fd: int) -> "_SpawnedBox":
+        """A student's warm worker in fresh namespaces, serving `sock_fd`. SandboxDied if the
+        zygote did not start or does not answer."""
+        why = self.wait_ready(time_now() + self.limits.startup_timeout)
+        if why:
+            raise SandboxDied(why)
+        spawned = self._request(self._p.Spawn(token, config), (sock_fd, out_fd), self._p.Spawned)
+        return _SpawnedBox(self, spawned.pid)
+
+    def kill_box(self, pid: int) -> None:
         try:
-            self.proc.wait(self.limits.kill_wait)
-        except subprocess.TimeoutExpired:
+            self._request(self._p.KillBox(pid))
+        except SandboxDied:  # the zygote is gone, and every student's sandbox with it
             pass
-        with self._cond:
-            self.dead = True
-            self._cond.notify_all()
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+
+
+class _SpawnedBox:
+    """A student's sandbox started by a `Zygote` (`poll`, `stop`): the zygote's forked
+    process that waits for the student's warm worker (PID 1 of the student's namespaces)."""
+
+    def __init__(self, zygote: Zygote, pid: int):
+        self.zygote, self.pid = zygote, pid
+
+    def poll(self) -> int | None:
+        rc = self.zygote.ended.get(self.pid)
+        if rc is None and self.zygote.dead:
+            return 128 + signal.SIGKILL
+        return rc
+
+    def stop(self, wait: float) -> None:
+        """The student's warm worker dies with the process the zygote kills, and every process
+        of the student's PID namespace with it."""
+        self.zygote.kill_box(self.pid)
+        self.zygote._wait(lambda: self.pid in self.zygote.ended, wait)
 
 
 class ForkedChild:
@@ -878,10 +1007,12 @@ class SandboxPool:
     each gets to redo what it was doing once (see `died_shared`), and from then on this
     student's chapters get a sandbox each: a chapter that kills its sandbox again is alone
     there, and that costs it alone. `prestart` starts a sandbox early, so its imports overlap
-    the grader's own."""
+    the grader's own. With a `zygote` (batch grading), sandboxes are forked from it instead."""
 
-    def __init__(self, limits: Limits | None = None, hide=(), size: int = 1):
+    def __init__(self, limits: Limits | None = None, hide=(), size: int = 1,
+                 zygote: Zygote | None = None):
         self.limits = limits or Limits.from_env()
+        self.zygote = zygote
         self.hidden = hidden_paths(hide)
         self.size = max(1, size)
         self.sharing = self.size > 1
@@ -893,7 +1024,14 @@ class SandboxPool:
         self.closed = False
 
     def _new(self) -> WarmSandbox:
-        box = WarmSandbox(self.limits, self.hidden, self._workdir)
+        box = None
+        if self.zygote is not None and not self.zygote.dead:
+            try:
+                box = WarmSandbox(self.limits, self.hidden, self._workdir, self.zygote)
+            except OSError:  # (SandboxDied) the zygote is gone: a sandbox of its own then
+                box = None
+        if box is None:
+            box = WarmSandbox(self.limits, self.hidden, self._workdir)
         with self._cond:
             self._boxes.append(box)
         return box

@@ -430,11 +430,12 @@ def warm(argv: list[str]) -> None:
     _prepare(config)
     _prctl(4, 0)   # PR_SET_DUMPABLE 0: the chapters (same uid) cannot ptrace or read this one
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a chapter come back here and are killed
-    import importlib
-    import select
-    import socket
+    _import_all()
+    _serve_box(ctl_fd, config, start)
 
-    from . import protocol as p
+
+def _import_all() -> None:
+    import importlib
 
     for name in PREIMPORT:
         try:
@@ -442,6 +443,15 @@ def warm(argv: list[str]) -> None:
         except Exception:
             pass
     _import_runtime()
+
+
+def _serve_box(ctl_fd: int, config: dict, start: float) -> None:
+    """The warm worker's loop: answer Fork, Kill and Reset until the control socket closes."""
+    import select
+    import socket
+
+    from . import protocol as p
+
     ctl = socket.socket(fileno=ctl_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -532,10 +542,11 @@ def warm(argv: list[str]) -> None:
 
 
 def _kill_all_but_me() -> None:
-    """Every process of the sandbox but this one and bubblewrap's init (PID 1). Only in a PID
-    namespace of its own (the warm worker is PID 2 there), never outside one."""
+    """Every process of the sandbox but this one and its init (PID 1). Only in a PID namespace
+    of its own (the warm worker is PID 2 there under bubblewrap's init, or PID 1 itself when
+    the zygote started it), never outside one."""
     me = os.getpid()
-    if me != 2:
+    if me not in (1, 2):
         return
     for _ in range(3):
         others = [pid for pid in procs.proc_table() if pid not in (1, me)]

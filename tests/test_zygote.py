@@ -1,0 +1,201 @@
+"""The zygote (batch grading as root): students' sandboxes forked from one process that imported
+torch once, each in namespaces of its own. What must hold is what separate bubblewrap sandboxes
+give: no shared /tmp, /dev/shm, processes, loopback or IPC, no privileges, and a student who
+kills everything they can reach costs nobody else anything."""
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+
+import pytest
+import torch
+
+from autograder import batch
+from autograder.calls import Call
+from autograder.grading import Grader
+from autograder.sandbox import (NOBODY, Limits, SandboxMode, SandboxPool, Zygote, _SpawnedBox,
+                                hidden_paths, probe_bubblewrap)
+from autograder.session import StudentSession
+from test_sandbox import processes_with
+
+needs_zygote = pytest.mark.skipif(
+    not (probe_bubblewrap()[0] and Zygote.usable(SandboxMode.BUBBLEWRAP)),
+    reason="the zygote needs bubblewrap and a grader running as root")
+pytestmark = needs_zygote
+FAST = Limits(cell_timeout=3.0, call_timeout=5.0, grace=1.0, notebook_timeout=30.0)
+
+
+def call(target, *args) -> Call:
+    return Call(chapter="test", exercise=target, case="zygote", target=target, args=list(args))
+
+
+@pytest.fixture
+def zygote():
+    z = Zygote(FAST, hidden_paths(), tempfile.mkdtemp())
+    assert z.wait_ready(time.monotonic() + 60) is None, bytes(z.output)
+    yield z
+    z.kill()
+
+
+def session(cells, pool) -> StudentSession:
+    return StudentSession(cells, FAST, sandbox="bubblewrap", sandboxes=pool)
+
+
+FACTS = '''
+import os, socket, torch
+
+def status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+
+def cmdlines():
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                out.append(open(f"/proc/{p}/cmdline", "rb").read())
+            except OSError:
+                pass
+    return out
+
+def facts(port):
+    """What this student can see of the other one (1 = seen), and its own privileges."""
+    try:
+        socket.create_connection(("127.0.0.1", int(port.item())), timeout=1).close()
+        connected = 1.0
+    except OSError:
+        connected = 0.0
+    me, init = status("self"), status(1)
+    return torch.tensor([
+        float(os.path.exists("/tmp/a-secret")), float(os.path.exists("/dev/shm/a-secret")),
+        float(any(MARKER.encode() in c for c in cmdlines())), connected,
+        float(int(me["Uid"].split()[0])), float(int(init["Uid"].split()[0])),
+        float(int(me["CapEff"], 16) + int(me["CapPrm"], 16) + int(me["CapBnd"], 16)),
+        float(int(init["CapEff"], 16) + int(init["CapBnd"], 16)),
+        float(me["NoNewPrivs"].strip() == "1"), float(len(cmdlines()))])
+'''
+
+
+def test_two_students_of_one_zygote_share_nothing(zygote):
+    marker = f"zygote-{uuid.uuid4().hex}"
+    a_cells = ["import os, socket, subprocess, torch\n"
+               "open('/tmp/a-secret', 'w').write('a')\n"
+               "open('/dev/shm/a-secret', 'w').write('a')\n"
+               "server = socket.socket()\nserver.bind(('127.0.0.1', 0))\nserver.listen()\n"
+               f"sleeper = subprocess.Popen(['/bin/sh', '-c', 'sleep 600; :', {marker!r}])\n"
+               "def port(x):\n    return torch.tensor(server.getsockname()[1])\n"
+               "def own_port(x):\n"
+               "    socket.create_connection(('127.0.0.1', int(x.item())), timeout=1).close()\n"
+               "    return x",
+               f"MARKER = {marker!r}\n" + FACTS]
+    b_cells = [f"MARKER = {marker!r}\n" + FACTS]
+    with SandboxPool(FAST, zygote=zygote) as pool_a, SandboxPool(FAST, zygote=zygote) as pool_b:
+        with session(a_cells, pool_a) as a, session(b_cells, pool_b) as b:
+            assert [c["status"] for c in a.start()["cells"]] == ["ok", "ok"]
+            b.start()
+            assert isinstance(a._box.proc, _SpawnedBox) and isinstance(b._box.proc, _SpawnedBox)
+            assert a._box.proc.pid != b._box.proc.pid
+            port = a.run(call("port", torch.ones(1))).outputs[0]
+            assert a.run(call("own_port", port)).error is None  # loopback is up
+            mine = a.run(call("facts", port)).outputs[0].tolist()
+            assert mine[:4] == [1.0, 1.0, 1.0, 1.0], "A sees its own files, process and port"
+            assert processes_with(marker), "A's process runs"
+            theirs = b.run(call("facts", port))
+            assert theirs.error is None, theirs.error
+            seen_tmp, seen_shm, seen_proc, connected, uid, init_uid, caps, init_caps, nnp, procs = \
+                theirs.outputs[0].tolist()
+            assert (seen_tmp, seen_shm, seen_proc, connected) == (0.0, 0.0, 0.0, 0.0)
+            assert uid == init_uid == NOBODY, "the chapter and its sandbox's init run as nobody"
+            assert caps == 0.0 and init_caps == 0.0, "no capabilities, none to regain"
+            assert nnp == 1.0
+            assert procs <= 3, "B's /proc shows B's processes only"
+    deadline = time.monotonic() + 10
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not processes_with(marker), "closing A's sandbox ends every process of A's"
+    assert zygote.alive()
+
+
+def test_a_student_who_kills_everything_costs_no_one_else(zygote):
+    """os.kill(-1) reaches every process the student could signal: only their own (their
+    sandbox's init, the zygote and the other students are out of reach; with nothing else of
+    theirs running, the kill finds no process at all)."""
+    killer = ["import os, signal, time, torch\n"
+              "def kill_all(x):\n    os.kill(-1, signal.SIGKILL)\n    time.sleep(5)\n    return x\n"
+              "def f(x):\n    return x * 3"]
+    other = ["import time, torch\n"
+             "def slow(x):\n    time.sleep(1.0)\n    return x + 1"]
+    with SandboxPool(FAST, zygote=zygote) as pool_a, SandboxPool(FAST, zygote=zygote) as pool_b:
+        with session(killer, pool_a) as a, session(other, pool_b) as b:
+            a.start()
+            b.start()
+            assert a.run(call("kill_all", torch.ones(1))).error["type"] in ("Crash", "ProcessLookupError")
+            assert b.run(call("slow", torch.ones(1))).outputs[0].item() == 2.0
+            assert a.run(call("f", torch.ones(1))).outputs[0].item() == 3.0
+    assert zygote.alive()
+
+
+def test_when_the_zygote_is_gone_students_get_sandboxes_of_their_own(zygote):
+    zygote.kill()
+    with SandboxPool(FAST, zygote=zygote) as pool:
+        with session(["def f(x):\n    return x + 1"], pool) as s:
+            s.start()
+            assert not isinstance(s._box.proc, _SpawnedBox)
+            assert s.run(call("f", torch.ones(1))).outputs[0].item() == 2.0
+
+
+def test_the_zygote_stays_out_of_reach_of_what_it_starts(zygote):
+    """It is root inside its own sandbox, which shows none of the grader's secrets."""
+    assert zygote.ready.uid == 0
+    with SandboxPool(FAST, zygote=zygote) as pool:
+        box = pool.acquire()
+        assert box.wait_ready(time.monotonic() + 30) is None
+        assert box.ready.pid == 1 and box.ready.uid == NOBODY
+        pool.release(box)
+
+
+@pytest.fixture
+def fresh_batch_worker(monkeypatch):
+    """batch's per-process zygote, reset around the test."""
+    monkeypatch.setattr(batch, "_ZYGOTE", None)
+    yield
+    if batch._ZYGOTE:
+        batch._ZYGOTE.kill()
+
+
+def _class(tmp_path):
+    from grading_helpers import REPO
+
+    for name, src in (("good", "solutions"), ("stub", "exercises")):
+        (tmp_path / name).mkdir()
+        for chapter in ("01_intuition", "05_masks"):
+            (tmp_path / name / f"{chapter}.ipynb").write_bytes(
+                (REPO / src / f"{chapter}.ipynb").read_bytes())
+    return tmp_path
+
+
+def test_batch_grades_through_the_zygote_and_scores_as_without(tmp_path, fresh_batch_worker,
+                                                               monkeypatch):
+    folder = _class(tmp_path)
+    grader = Grader(sandbox="bubblewrap")
+    with_zygote = batch.grade_class(folder, grader, jobs=1, progress=False)
+    assert isinstance(batch._ZYGOTE, Zygote), "a root grader forks students from a zygote"
+    batch._ZYGOTE.kill()
+    monkeypatch.setattr(batch, "_ZYGOTE", None)
+    monkeypatch.setattr(Zygote, "usable", staticmethod(lambda mode: False))
+    without = batch.grade_class(folder, grader, jobs=1, progress=False)
+    assert batch._ZYGOTE is False
+    assert {n: r.score for n, r in with_zygote.items()} == {n: r.score for n, r in without.items()}
+    assert with_zygote["good"].score == with_zygote["good"].max_score > 0
+    assert with_zygote["stub"].score == 0
+
+
+def test_a_zygote_that_cannot_start_costs_nothing(tmp_path, fresh_batch_worker, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("no zygote here")
+    monkeypatch.setattr("autograder.sandbox.Zygote.__init__", broken)
+    results = batch.grade_class(_class(tmp_path), Grader(sandbox="bubblewrap"), jobs=1,
+                                progress=False)
+    assert results["good"].score == results["good"].max_score > 0
+    assert batch._ZYGOTE is False
