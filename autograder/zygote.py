@@ -128,7 +128,7 @@ def zygote(argv: list[str]) -> None:
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     for fd in (ctl_fd, wake_r, wake_w):
                         os.close(fd)
-                    _start_box(fds[0], fds[1], message.config, message.token, start)
+                    _start_box(fds[0], fds[1], message.config, message.token, time.perf_counter())
                 except BaseException as e:  # noqa: BLE001 - said on the box's output, then gone
                     try:
                         os.write(2, f"the sandbox could not be set up: {e}\n".encode())
