@@ -11,8 +11,9 @@ student code. For each `Spawn` it forks a process that
   1. leaves the zygote's mount, PID, network, IPC and UTS namespaces for new ones (`unshare`);
   2. forks the student's warm worker, PID 1 of the new PID namespace (when it ends, the kernel
      kills every process of the student's), and waits for it, reporting its end;
-  3. in the warm worker: mounts a fresh /tmp, /dev/shm and /proc (which shows this student's
-     processes only; /proc/sys read-only, as bubblewrap does), then becomes `nobody` with no
+  3. in the warm worker: mounts a fresh /tmp, /dev/shm, /dev/pts and /proc (which shows this
+     student's processes only; /proc/sys read-only, as bubblewrap does) and brings up its own
+     loopback, then becomes `nobody` with no
      capabilities at all (bounding set, ambient and inheritable cleared, no_new_privs, checked
      in /proc/self/status before anything else happens), and only then serves its control
      socket (`autograder.worker._serve_box`).
@@ -201,7 +202,10 @@ def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> N
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below reaches the zygote's mounts
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['tmp_size']}")
     if os.path.isdir("/dev/shm"):
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['tmp_size']}")
+    if os.path.isdir("/dev/pts"):  # a pseudo-terminal of one student's must not open for another
+        _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+               "newinstance,ptmxmode=0666,mode=0620")
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_COVERED:
         path = f"/proc/{name}"

@@ -73,7 +73,8 @@ def facts(port):
         float(int(me["Uid"].split()[0])), float(int(init["Uid"].split()[0])),
         float(int(me["CapEff"], 16) + int(me["CapPrm"], 16) + int(me["CapBnd"], 16)),
         float(int(init["CapEff"], 16) + int(init["CapBnd"], 16)),
-        float(me["NoNewPrivs"].strip() == "1"), float(len(cmdlines()))])
+        float(me["NoNewPrivs"].strip() == "1"), float(len(cmdlines())),
+        float(len([n for n in os.listdir("/dev/pts") if n.isdigit()]))])
 '''
 
 
@@ -82,6 +83,7 @@ def test_two_students_of_one_zygote_share_nothing(zygote):
     a_cells = ["import os, socket, subprocess, torch\n"
                "open('/tmp/a-secret', 'w').write('a')\n"
                "open('/dev/shm/a-secret', 'w').write('a')\n"
+               "terminal = os.openpty()\n"
                "server = socket.socket()\nserver.bind(('127.0.0.1', 0))\nserver.listen()\n"
                f"sleeper = subprocess.Popen(['/bin/sh', '-c', 'sleep 600; :', {marker!r}])\n"
                "def port(x):\n    return torch.tensor(server.getsockname()[1])\n"
@@ -100,12 +102,13 @@ def test_two_students_of_one_zygote_share_nothing(zygote):
             assert a.run(call("own_port", port)).error is None  # loopback is up
             mine = a.run(call("facts", port)).outputs[0].tolist()
             assert mine[:4] == [1.0, 1.0, 1.0, 1.0], "A sees its own files, process and port"
+            assert mine[-1] == 1.0, "and its own pseudo-terminal"
             assert processes_with(marker), "A's process runs"
             theirs = b.run(call("facts", port))
             assert theirs.error is None, theirs.error
-            seen_tmp, seen_shm, seen_proc, connected, uid, init_uid, caps, init_caps, nnp, procs = \
-                theirs.outputs[0].tolist()
-            assert (seen_tmp, seen_shm, seen_proc, connected) == (0.0, 0.0, 0.0, 0.0)
+            (seen_tmp, seen_shm, seen_proc, connected, uid, init_uid, caps, init_caps, nnp, procs,
+             seen_pty) = theirs.outputs[0].tolist()
+            assert (seen_tmp, seen_shm, seen_proc, connected, seen_pty) == (0.0,) * 5
             assert uid == init_uid == NOBODY, "the chapter and its sandbox's init run as nobody"
             assert caps == 0.0 and init_caps == 0.0, "no capabilities, none to regain"
             assert nnp == 1.0
