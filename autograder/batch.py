@@ -58,9 +58,24 @@ def _zygote(grader: Grader):
                 return None
             atexit.register(zygote.kill)
             util.Finalize(None, zygote.kill, exitpriority=10)  # a pool worker skips atexit
-            if zygote.wait_ready(time_now() + limits.startup_timeout) is None:
+            if zygote.wait_ready(time_now() + limits.startup_timeout) is None and _try(zygote):
                 _ZYGOTE = zygote
-    return _ZYGOTE if _ZYGOTE and not _ZYGOTE.dead else None
+            else:
+                zygote.kill()
+    return _ZYGOTE if _ZYGOTE and _ZYGOTE.usable_now() else None
+
+
+def _try(zygote) -> bool:
+    """Whether a student's sandbox started by the zygote comes up (namespaces, mounts and the
+    drop to nobody all work on this machine)."""
+    from .sandbox import _SpawnedBox, time_now
+
+    with SandboxPool(zygote.limits, zygote=zygote) as pool:
+        box = pool.acquire()  # (a sandbox of its own if the zygote could not start one)
+        ok = (isinstance(box.proc, _SpawnedBox) and zygote.usable_now()
+              and box.wait_ready(time_now() + zygote.limits.startup_timeout) is None)
+        pool.release(box)
+    return ok
 
 
 def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:

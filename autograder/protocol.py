@@ -26,8 +26,9 @@ forking it into namespaces of its own (see `autograder.sandbox.Zygote`). Same en
     zygote -> grader Ready(pid, uid, seconds) once, after its imports
     grader -> zygote Spawn(token, config) + [control socket end, output write end]
     zygote -> grader Spawned(token, pid)      the student's warm worker starts on that socket
-    grader -> zygote KillBox(pid)             that student's sandbox and everything in it
-    zygote -> grader BoxEnded(pid, returncode) whenever a student's sandbox ends
+    grader -> zygote KillBox(token)           that student's sandbox and everything in it
+    zygote -> grader BoxEnded(token, returncode) whenever a student's sandbox ends (boxes are
+                                              named by token: a pid may be used again)
 
 The chapter channel, between the grader and one chapter's child (`autograder.worker.serve`):
 `wire` frames over pipes (outcomes carry tensors), each a dict {"kind": ..., fields}.
@@ -112,12 +113,12 @@ class Spawned:
 
 @dataclass
 class KillBox:
-    pid: int
+    token: str
 
 
 @dataclass
 class BoxEnded:
-    pid: int
+    token: str
     returncode: int
 
 

@@ -754,6 +754,8 @@ class _Controlled:
             return None
         timed_out = not self.dead
         self.kill()
+        if isinstance(self.proc, _SpawnedBox):  # its setup failed: later students do without
+            self.proc.zygote.broken = True
         detail = self.output.decode("utf-8", "replace").strip().splitlines()[-3:]
         why = (f"did not start within {self.limits.startup_timeout:g} s" if timed_out
                else describe_exit(self.proc.poll(), self.limits, True))
@@ -904,7 +906,8 @@ class Zygote(_Controlled):
         token = secrets.token_hex(16)
         config = _config("bubblewrap", limits, RUNTIME_DEST, sys_path, None, token)
         self.box_config = {"tmp_size": limits.tmp_size, "nobody": NOBODY}
-        self.ended: dict[int, int] = {}  # a student's sandbox (its pid here) -> how it ended
+        self.ended: dict[str, int] = {}  # a student's sandbox (its token) -> how it ended
+        self.broken = False  # a sandbox it started failed before answering: start no more
 
         def launch(sock_fd, out_fd):
             argv = _python_argv(RUNTIME_DEST, "zygote", [str(sock_fd), json.dumps(config)],
@@ -920,7 +923,7 @@ class Zygote(_Controlled):
 
     def _on_message(self, message) -> None:
         if isinstance(message, self._p.BoxEnded):
-            self.ended[message.pid] = message.returncode
+            self.ended[message.token] = message.returncode
         else:
             super()._on_message(message)
 
@@ -930,25 +933,31 @@ class Zygote(_Controlled):
         why = self.wait_ready(time_now() + self.limits.startup_timeout)
         if why:
             raise SandboxDied(why)
-        spawned = self._request(self._p.Spawn(token, config), (sock_fd, out_fd), self._p.Spawned)
-        return _SpawnedBox(self, spawned.pid)
+        self._request(self._p.Spawn(token, config), (sock_fd, out_fd), self._p.Spawned)
+        return _SpawnedBox(self, token)
 
-    def kill_box(self, pid: int) -> None:
+    def usable_now(self) -> bool:
+        return not self.dead and not self.broken
+
+    def kill_box(self, token: str) -> None:
+        if token in self.ended:
+            return
         try:
-            self._request(self._p.KillBox(pid))
+            self._request(self._p.KillBox(token))
         except SandboxDied:  # the zygote is gone, and every student's sandbox with it
             pass
 
 
 class _SpawnedBox:
     """A student's sandbox started by a `Zygote` (`poll`, `stop`): the zygote's forked
-    process that waits for the student's warm worker (PID 1 of the student's namespaces)."""
+    process that waits for the student's warm worker (PID 1 of the student's namespaces),
+    named by its token."""
 
-    def __init__(self, zygote: Zygote, pid: int):
-        self.zygote, self.pid = zygote, pid
+    def __init__(self, zygote: Zygote, token: str):
+        self.zygote, self.token = zygote, token
 
     def poll(self) -> int | None:
-        rc = self.zygote.ended.get(self.pid)
+        rc = self.zygote.ended.get(self.token)
         if rc is None and self.zygote.dead:
             return 128 + signal.SIGKILL
         return rc
@@ -956,8 +965,8 @@ class _SpawnedBox:
     def stop(self, wait: float) -> None:
         """The student's warm worker dies with the process the zygote kills, and every process
         of the student's PID namespace with it."""
-        self.zygote.kill_box(self.pid)
-        self.zygote._wait(lambda: self.pid in self.zygote.ended, wait)
+        self.zygote.kill_box(self.token)
+        self.zygote._wait(lambda: self.token in self.zygote.ended, wait)
 
 
 class ForkedChild:
@@ -1025,7 +1034,7 @@ class SandboxPool:
 
     def _new(self) -> WarmSandbox:
         box = None
-        if self.zygote is not None and not self.zygote.dead:
+        if self.zygote is not None and self.zygote.usable_now():
             try:
                 box = WarmSandbox(self.limits, self.hidden, self._workdir, self.zygote)
             except OSError:  # (SandboxDied) the zygote is gone: a sandbox of its own then

@@ -532,6 +532,7 @@ def _serve_box(ctl_fd: int, config: dict, start: float) -> None:
             _kill_all_but_me()
             reap()
             _empty(os.environ.get("TMPDIR", "/tmp"))
+            _empty("/dev/shm")  # writable where the zygote made it the student's own
             p.send(ctl, p.ResetDone())
         else:
             for fd in fds:

@@ -84,7 +84,7 @@ def zygote(argv: list[str]) -> None:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w)
-    boxes: set[int] = set()
+    boxes: dict[int, str] = {}  # pid -> the box's token (the grader names boxes by token)
 
     def reap() -> None:
         while True:
@@ -94,10 +94,10 @@ def zygote(argv: list[str]) -> None:
                 return
             if pid == 0:
                 return
-            if pid in boxes:
-                boxes.discard(pid)
+            token = boxes.pop(pid, None)
+            if token is not None:
                 rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                p.send(ctl, p.BoxEnded(pid, rc))
+                p.send(ctl, p.BoxEnded(token, rc))
 
     p.send(ctl, p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
     while True:
@@ -138,11 +138,12 @@ def zygote(argv: list[str]) -> None:
                 os._exit(0)
             for fd in fds:
                 os.close(fd)
-            boxes.add(pid)
+            boxes[pid] = message.token
             p.send(ctl, p.Spawned(message.token, pid))
         elif isinstance(message, p.KillBox):
-            if message.pid in boxes:
-                procs.send(message.pid, signal.SIGKILL)
+            for pid, token in boxes.items():
+                if token == message.token:
+                    procs.send(pid, signal.SIGKILL)
         else:
             p._close(fds)
             break
@@ -213,6 +214,7 @@ def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> N
             _mount(path, path, None, MS_BIND | MS_REC)
             _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _loopback_up()
+    os.chdir("/tmp")  # the fresh one (the inherited working folder is the zygote's /tmp)
     drop_privileges(int(config["nobody"]))
     # After the drop (changing credentials clears it): die with the process that waits for us;
     # if that one is already gone, the signal never comes, so look before going on.
@@ -237,6 +239,13 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
 
 
+def _clear_capabilities() -> None:
+    """capset(2) with every set empty (version 3: two 32-bit words per set)."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # {effective, permitted, inheritable} x 2, all zero
+    _check(_libc.capset(header, data), "clear capabilities")
+
+
 def drop_privileges(uid: int) -> None:
     """Become `uid` (and its group) for good, as setpriv does for a student's own sandbox: no
     groups, no capabilities in any set, no_new_privs. Checked afterwards; SetupError if not."""
@@ -251,6 +260,7 @@ def drop_privileges(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # from root to another uid: permitted and effective caps cleared
+    _clear_capabilities()  # ... but not the inheritable set (bwrap --cap-add fills it)
     _prctl(PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
     with open("/proc/self/status") as f:
         status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)

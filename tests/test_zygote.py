@@ -71,7 +71,7 @@ def facts(port):
         float(os.path.exists("/tmp/a-secret")), float(os.path.exists("/dev/shm/a-secret")),
         float(any(MARKER.encode() in c for c in cmdlines())), connected,
         float(int(me["Uid"].split()[0])), float(int(init["Uid"].split()[0])),
-        float(int(me["CapEff"], 16) + int(me["CapPrm"], 16) + int(me["CapBnd"], 16)),
+        float(sum(int(me[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))),
         float(int(init["CapEff"], 16) + int(init["CapBnd"], 16)),
         float(me["NoNewPrivs"].strip() == "1"), float(len(cmdlines())),
         float(len([n for n in os.listdir("/dev/pts") if n.isdigit()]))])
@@ -97,7 +97,7 @@ def test_two_students_of_one_zygote_share_nothing(zygote):
             assert [c["status"] for c in a.start()["cells"]] == ["ok", "ok"]
             b.start()
             assert isinstance(a._box.proc, _SpawnedBox) and isinstance(b._box.proc, _SpawnedBox)
-            assert a._box.proc.pid != b._box.proc.pid
+            assert a._box.proc.token != b._box.proc.token
             port = a.run(call("port", torch.ones(1))).outputs[0]
             assert a.run(call("own_port", port)).error is None  # loopback is up
             mine = a.run(call("facts", port)).outputs[0].tolist()
@@ -141,6 +141,17 @@ def test_a_student_who_kills_everything_costs_no_one_else(zygote):
 
 def test_when_the_zygote_is_gone_students_get_sandboxes_of_their_own(zygote):
     zygote.kill()
+    with SandboxPool(FAST, zygote=zygote) as pool:
+        with session(["def f(x):\n    return x + 1"], pool) as s:
+            s.start()
+            assert not isinstance(s._box.proc, _SpawnedBox)
+            assert s.run(call("f", torch.ones(1))).outputs[0].item() == 2.0
+
+
+def test_a_zygote_whose_sandboxes_fail_to_start_is_not_used(zygote):
+    zygote.box_config["tmp_size"] = "nonsense"  # the mount of /tmp fails: the box exits
+    assert not batch._try(zygote)
+    assert zygote.broken and not zygote.usable_now() and zygote.alive()
     with SandboxPool(FAST, zygote=zygote) as pool:
         with session(["def f(x):\n    return x + 1"], pool) as s:
             s.start()
