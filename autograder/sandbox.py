@@ -5,7 +5,7 @@ installed but unable to start raises SandboxUnavailable (exit status 3 on the co
 never a silent fallback. The fallback runs only where bwrap is absent or "none" is explicit.
 
 - "bubblewrap": the child runs under bwrap with its own PID, mount, network, IPC and UTS
-  namespaces (no network at all, loopback included; when the session ends, killing bwrap kills
+  namespaces (no network but its own loopback; when the session ends, killing bwrap kills
   the PID namespace and every process the student started in it). The filesystem is an
   allow-list: /usr, /etc and the /bin-/lib links read-only, the Python installation read-only
   (at its own path, so a Python under /root works although /root itself stays hidden), the
@@ -17,7 +17,9 @@ never a silent fallback. The fallback runs only where bwrap is absent or "none" 
   Python prefix, say), an empty tmpfs is mounted over it. When the grader runs as root, bwrap
   runs without a user namespace and the child drops to `nobody` (65534) through setpriv with
   no_new_privs before Python starts; otherwise bwrap uses an unprivileged user namespace and
-  the child keeps the grader's uid (which is then all it can be).
+  the child keeps the grader's uid (which is then all it can be). Batch grading as root starts
+  students' sandboxes from a `Zygote` instead (`autograder.zygote`): the same isolation, made
+  by forking a process that has imported torch already into namespaces of its own.
 - "fallback": a plain child process, for machines without bubblewrap or namespaces (a
   student's laptop, macOS). Same resource limits and timeouts, its own session and process
   group, and a working directory of its own; but the student's code can read and write whatever
