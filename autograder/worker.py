@@ -445,18 +445,80 @@ def _import_all() -> None:
     _import_runtime()
 
 
+class ControlLoop:
+    """The loop of a process the grader drives over a control socket: the warm worker, and the
+    zygote that starts warm workers (`autograder.zygote`). It waits for a request or a child's
+    end, calls `reap`, and hands each request to its handler; it ends when the socket closes
+    or brings a message that has no handler or that the handler refuses (returns False)."""
+
+    def __init__(self, ctl_fd: int):
+        import socket
+
+        from . import protocol
+
+        self.p = protocol
+        self.ctl_fd, self.ctl = ctl_fd, socket.socket(fileno=ctl_fd)
+        self.wake_r, self.wake_w = os.pipe()  # SIGCHLD wakes select through this pipe
+        os.set_blocking(self.wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *a: None)
+        signal.set_wakeup_fd(self.wake_w)
+
+    def send(self, message) -> None:
+        self.p.send(self.ctl, message)
+
+    def fork(self) -> int:
+        """os.fork; the child keeps none of the loop (its signal handling, its descriptors)."""
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (self.ctl_fd, self.wake_r, self.wake_w):
+                os.close(fd)
+        return pid
+
+    def run(self, handlers: dict, reap) -> None:
+        """handlers: message class -> handler(message, fds) -> whether it took the message
+        (and so the fds that came with it)."""
+        import select
+
+        p = self.p
+        while True:
+            try:
+                ready, _, _ = select.select([self.ctl, self.wake_r], [], [])
+            except InterruptedError:
+                continue
+            if self.wake_r in ready:
+                try:
+                    os.read(self.wake_r, 4096)
+                except OSError:
+                    pass
+            reap()
+            if self.ctl not in ready:
+                continue
+            try:
+                message, fds = p.receive(self.ctl)
+            except (p.ProtocolError, OSError):
+                return
+            if message is None:
+                return
+            handler = handlers.get(type(message))
+            if handler is None or not handler(message, fds):
+                p._close(fds)
+                return
+
+
+def exit_code(status: int) -> int:
+    """A waitpid status in Popen's convention (-N for signal N)."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
 def _serve_box(ctl_fd: int, config: dict, start: float) -> None:
     """The warm worker's loop: answer Fork, Kill and Reset until the control socket closes."""
-    import select
-    import socket
-
     from . import protocol as p
 
-    ctl = socket.socket(fileno=ctl_fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *a: None)
-    signal.set_wakeup_fd(wake_w)
+    loop = ControlLoop(ctl_fd)
     chapters: dict[int, str] = {}  # live chapter children: pid -> token
 
     def reap() -> None:
@@ -470,74 +532,54 @@ def _serve_box(ctl_fd: int, config: dict, start: float) -> None:
                 break
             if chapters.pop(pid, None) is not None:
                 ended.append(pid)
-                rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                p.send(ctl, p.Exited(pid, rc))
+                loop.send(p.Exited(pid, exit_code(status)))
         for pid in procs.children_of(os.getpid()):  # an orphan of a chapter that ended
             if pid not in chapters:
                 procs.kill_tree(pid)
         for pid in ended:  # its files must not reach a chapter that runs later
             _empty(_chapter_folder(pid), remove=True)
 
-    p.send(ctl, p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
-    while True:
-        try:
-            ready, _, _ = select.select([ctl, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
+    def fork(message: p.Fork, fds: list) -> bool:
+        if len(fds) != 3:
+            return False
+        pid = loop.fork()
+        if pid == 0:
             try:
-                os.read(wake_r, 4096)
-            except OSError:
-                pass
+                os.setsid()
+                req, res, out = fds
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.close(out)
+                _prctl(36, 1)  # its own orphans stay below it, so killing it finds them
+                _own_folder(_chapter_folder(os.getpid()))
+                sys.argv[:] = ["-c", str(req), str(res)]  # as a started chapter's would be
+                serve(req, res, {**config, **message.config, "token": message.token}, start)
+            finally:
+                os._exit(0)
+        p._close(fds)
+        chapters[pid] = message.token
+        loop.send(p.Forked(pid))
+        return True
+
+    def kill(message: p.Kill, fds: list) -> bool:
+        p._close(fds)
+        if message.pid in chapters:
+            procs.kill_tree(message.pid)
+        return True
+
+    def reset(message: p.Reset, fds: list) -> bool:
+        p._close(fds)
+        for pid in list(chapters):
+            procs.kill_tree(pid)
+        _kill_all_but_me()
         reap()
-        if ctl not in ready:
-            continue
-        try:
-            message, fds = p.receive(ctl)
-        except (p.ProtocolError, OSError):
-            break
-        if message is None:
-            break
-        if isinstance(message, p.Fork) and len(fds) == 3:
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    for fd in (ctl_fd, wake_r, wake_w):
-                        os.close(fd)
-                    os.setsid()
-                    req, res, out = fds
-                    os.dup2(out, 1)
-                    os.dup2(out, 2)
-                    os.close(out)
-                    _prctl(36, 1)  # its own orphans stay below it, so killing it finds them
-                    _own_folder(_chapter_folder(os.getpid()))
-                    sys.argv[:] = ["-c", str(req), str(res)]  # as a started chapter's would be
-                    serve(req, res, {**config, **message.config, "token": message.token}, start)
-                finally:
-                    os._exit(0)
-            for fd in fds:
-                os.close(fd)
-            chapters[pid] = message.token
-            p.send(ctl, p.Forked(pid))
-        elif isinstance(message, p.Kill):
-            if message.pid in chapters:
-                procs.kill_tree(message.pid)
-        elif isinstance(message, p.Reset):
-            for pid in list(chapters):
-                procs.kill_tree(pid)
-            _kill_all_but_me()
-            reap()
-            _empty(os.environ.get("TMPDIR", "/tmp"))
-            _empty("/dev/shm")  # writable where the zygote made it the student's own
-            p.send(ctl, p.ResetDone())
-        else:
-            for fd in fds:
-                os.close(fd)
-            break
+        _empty(os.environ.get("TMPDIR", "/tmp"))
+        _empty("/dev/shm")  # writable where the zygote made it the student's own
+        loop.send(p.ResetDone())
+        return True
+
+    loop.send(p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
+    loop.run({p.Fork: fork, p.Kill: kill, p.Reset: reset}, reap)
     _kill_all_but_me()
     os._exit(0)
 

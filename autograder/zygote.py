@@ -74,16 +74,9 @@ def zygote(argv: list[str]) -> None:
     sys.path[:] = config["sys_path"]
     _prctl(PR_SET_DUMPABLE, 0, "not dumpable")
     worker._import_all()
-    import select
-    import socket
-
     from . import protocol as p
 
-    ctl = socket.socket(fileno=ctl_fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *a: None)
-    signal.set_wakeup_fd(wake_w)
+    loop = worker.ControlLoop(ctl_fd)
     boxes: dict[int, str] = {}  # pid -> the box's token (the grader names boxes by token)
 
     def reap() -> None:
@@ -96,57 +89,35 @@ def zygote(argv: list[str]) -> None:
                 return
             token = boxes.pop(pid, None)
             if token is not None:
-                rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                p.send(ctl, p.BoxEnded(token, rc))
+                loop.send(p.BoxEnded(token, worker.exit_code(status)))
 
-    p.send(ctl, p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
-    while True:
-        try:
-            ready, _, _ = select.select([ctl, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in ready:
+    def spawn(message: p.Spawn, fds: list) -> bool:
+        if len(fds) != 2:
+            return False
+        pid = loop.fork()
+        if pid == 0:
             try:
-                os.read(wake_r, 4096)
-            except OSError:
-                pass
-        reap()
-        if ctl not in ready:
-            continue
-        try:
-            message, fds = p.receive(ctl)
-        except (p.ProtocolError, OSError):
-            break
-        if message is None:
-            break
-        if isinstance(message, p.Spawn) and len(fds) == 2:
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            pid = os.fork()
-            if pid == 0:
+                _start_box(fds[0], fds[1], message.config, message.token, time.perf_counter())
+            except BaseException as e:  # noqa: BLE001 - said on the box's output, then gone
                 try:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    for fd in (ctl_fd, wake_r, wake_w):
-                        os.close(fd)
-                    _start_box(fds[0], fds[1], message.config, message.token, time.perf_counter())
-                except BaseException as e:  # noqa: BLE001 - said on the box's output, then gone
-                    try:
-                        os.write(2, f"the sandbox could not be set up: {e}\n".encode())
-                    finally:
-                        os._exit(71)
-                os._exit(0)
-            for fd in fds:
-                os.close(fd)
-            boxes[pid] = message.token
-            p.send(ctl, p.Spawned(message.token, pid))
-        elif isinstance(message, p.KillBox):
-            for pid, token in boxes.items():
-                if token == message.token:
-                    procs.send(pid, signal.SIGKILL)
-        else:
-            p._close(fds)
-            break
+                    os.write(2, f"the sandbox could not be set up: {e}\n".encode())
+                finally:
+                    os._exit(71)
+            os._exit(0)
+        p._close(fds)
+        boxes[pid] = message.token
+        loop.send(p.Spawned(message.token, pid))
+        return True
+
+    def kill_box(message: p.KillBox, fds: list) -> bool:
+        p._close(fds)
+        for pid, token in boxes.items():
+            if token == message.token:
+                procs.send(pid, signal.SIGKILL)
+        return True
+
+    loop.send(p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
+    loop.run({p.Spawn: spawn, p.KillBox: kill_box}, reap)
     for pid in boxes:
         procs.send(pid, signal.SIGKILL)
     os._exit(0)

@@ -139,24 +139,24 @@ def test_a_student_who_kills_everything_costs_no_one_else(zygote):
     assert zygote.alive()
 
 
-def test_when_the_zygote_is_gone_students_get_sandboxes_of_their_own(zygote):
-    zygote.kill()
+def assert_graded_in_a_sandbox_of_its_own(zygote) -> None:
     with SandboxPool(FAST, zygote=zygote) as pool:
         with session(["def f(x):\n    return x + 1"], pool) as s:
             s.start()
             assert not isinstance(s._box.proc, _SpawnedBox)
             assert s.run(call("f", torch.ones(1))).outputs[0].item() == 2.0
+
+
+def test_when_the_zygote_is_gone_students_get_sandboxes_of_their_own(zygote):
+    zygote.kill()
+    assert_graded_in_a_sandbox_of_its_own(zygote)
 
 
 def test_a_zygote_whose_sandboxes_fail_to_start_is_not_used(zygote):
     zygote.box_config["tmp_size"] = "nonsense"  # the mount of /tmp fails: the box exits
     assert not batch._try(zygote)
     assert zygote.broken and not zygote.usable_now() and zygote.alive()
-    with SandboxPool(FAST, zygote=zygote) as pool:
-        with session(["def f(x):\n    return x + 1"], pool) as s:
-            s.start()
-            assert not isinstance(s._box.proc, _SpawnedBox)
-            assert s.run(call("f", torch.ones(1))).outputs[0].item() == 2.0
+    assert_graded_in_a_sandbox_of_its_own(zygote)
 
 
 def test_the_zygote_stays_out_of_reach_of_what_it_starts(zygote):
