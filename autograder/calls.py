@@ -5,7 +5,7 @@ process boundary through `autograder.wire` (no pickle) and can be stored as self
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 
@@ -84,6 +84,11 @@ class Call:
 
     def to_plain(self) -> dict:
         return asdict(self)
+
+    def to_wire(self) -> dict:
+        """The fields as they are, for `wire.encode` to send (it copies what it sends, so the
+        deep copy of `to_plain` is not needed: a quarter of a millisecond per graded call)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_plain(cls, d: dict) -> "Call":

@@ -286,6 +286,16 @@ def _answer(value, call: Call) -> Outcome:
     return out
 
 
+def _seed(seed: int, device: str) -> None:
+    """torch.manual_seed(seed) for every generator a call can use: the CPU's, and CUDA's where
+    the call runs on CUDA or CUDA is in use. (torch.manual_seed also seeds CUDA, MPS, XPU and
+    MTIA lazily, recording a stack trace for each device not yet initialised: half a
+    millisecond, most of what a graded call costs beyond the student's code on a CPU.)"""
+    torch.default_generator.manual_seed(seed)
+    if device.startswith("cuda") or torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
+
+
 def _execute(target, call: Call, reraise: tuple) -> Outcome:
     if call.answer:
         return _answer(target, call)
@@ -295,7 +305,7 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
     seen: set = set()
     out = Outcome()
     try:
-        torch.manual_seed(call.seed)
+        _seed(call.seed, device)
         args = _place(call.args, device, dtype)
         kwargs = _place(call.kwargs, device, dtype)
         named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
@@ -346,7 +356,7 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
                 for pname, p in module.named_parameters():
                     grad_inputs[f"param.{pname}"] = p
 
-        torch.manual_seed(call.seed)
+        _seed(call.seed, device)
         defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
         largest = _Largest() if call.measure_memory else _Nothing()
         with defaults, _Recorder(seen), largest:

@@ -41,7 +41,7 @@ The chapter channel, between the grader and one chapter's child (`autograder.wor
                                                             status "ok", "error", "timeout",
                                                             "skipped" or "not run"
     child  -> grader CellsDone(defined)                     the notebook's top-level names
-    grader -> child  RunCall(id, call, timeout)             one graded Call, as Call.to_plain()
+    grader -> child  RunCall(id, call, timeout)             one graded Call, as Call.to_wire()
     child  -> grader CallDone(id, outcome)                  its Outcome.to_plain()
 
 Kept free of torch (the grader imports it before torch).

@@ -425,7 +425,7 @@ class StudentSession:
         t0 = time.monotonic()
         deadline = t0 + timeout + self.limits.grace
         name = f"`{call.target}`" + (f".{call.method}" if call.method else "")
-        if not self._send(protocol.RunCall(self._call_id, call.to_plain(), timeout), deadline):
+        if not self._send(protocol.RunCall(self._call_id, call.to_wire(), timeout), deadline):
             event = Lost(LostKind.DEAD)
         else:
             event = self._next_event(deadline)
