@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -52,12 +53,18 @@ def _zygote(grader: Grader):
             from multiprocessing import util
 
             limits = grader.limits or Limits.from_env()
+            workdir = tempfile.mkdtemp(prefix="autograder-zygote-")
             try:
-                zygote = Zygote(limits, hidden_paths(), tempfile.mkdtemp(prefix="autograder-zygote-"))
+                zygote = Zygote(limits, hidden_paths(), workdir)
             except OSError:
+                os.rmdir(workdir)
                 return None
-            atexit.register(zygote.kill)
-            util.Finalize(None, zygote.kill, exitpriority=10)  # a pool worker skips atexit
+
+            def end() -> None:
+                zygote.kill()
+                shutil.rmtree(workdir, ignore_errors=True)
+            atexit.register(end)
+            util.Finalize(None, end, exitpriority=10)  # a pool worker skips atexit
             if zygote.wait_ready(time_now() + limits.startup_timeout) is None and _try(zygote):
                 _ZYGOTE = zygote
             else:
