@@ -74,3 +74,17 @@ def kill_tree(root: int, rounds: int = 20, also=None) -> None:
     for pid in found | {root}:
         if pid != me:
             send(pid, signal.SIGKILL)
+
+
+def ended_children():
+    """(pid, returncode) for each child of this process that has ended, without waiting
+    (Popen's convention: -N for signal N). Reaping them keeps zombies from using up the
+    process limit."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except OSError:  # (ChildProcessError: no children left)
+            return
+        if pid == 0:
+            return
+        yield pid, (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))

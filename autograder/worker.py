@@ -196,15 +196,8 @@ def _tasks_of(uid: int) -> int:
 
 def _reap() -> None:
     """Collect exited children of the student's code, so zombies do not use up the process limit."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        except OSError:
-            return
-        if pid == 0:
-            return
+    for _ in procs.ended_children():
+        pass
 
 
 def _import_runtime() -> None:
@@ -509,11 +502,6 @@ class ControlLoop:
                 return
 
 
-def exit_code(status: int) -> int:
-    """A waitpid status in Popen's convention (-N for signal N)."""
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _serve_box(ctl_fd: int, config: dict, start: float) -> None:
     """The warm worker's loop: answer Fork, Kill and Reset until the control socket closes."""
     from . import protocol as p
@@ -523,16 +511,10 @@ def _serve_box(ctl_fd: int, config: dict, start: float) -> None:
 
     def reap() -> None:
         ended = []
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, returncode in procs.ended_children():
             if chapters.pop(pid, None) is not None:
                 ended.append(pid)
-                loop.send(p.Exited(pid, exit_code(status)))
+                loop.send(p.Exited(pid, returncode))
         for pid in procs.children_of(os.getpid()):  # an orphan of a chapter that ended
             if pid not in chapters:
                 procs.kill_tree(pid)

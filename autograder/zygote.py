@@ -80,16 +80,10 @@ def zygote(argv: list[str]) -> None:
     boxes: dict[int, str] = {}  # pid -> the box's token (the grader names boxes by token)
 
     def reap() -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, returncode in procs.ended_children():
             token = boxes.pop(pid, None)
             if token is not None:
-                loop.send(p.BoxEnded(token, worker.exit_code(status)))
+                loop.send(p.BoxEnded(token, returncode))
 
     def spawn(message: p.Spawn, fds: list) -> bool:
         if len(fds) != 2:
