@@ -44,7 +44,14 @@ def compare_answer(call: Call, student: Outcome, expected: Outcome) -> Mismatch 
     if expected.error or not expected.outputs:
         return Mismatch("grader", "the reference answer is missing for this question; please report "
                         "this to your instructor.")
+    from .compare import structure
+
+    m = structure(student, expected)
+    if m:
+        return m
     got, want = student.outputs[0], expected.outputs[0]
+    if got is None or want is None:  # the meta device: an answer is compared as on the CPU
+        return Mismatch("returned", f"`{call.target}` came back without its value.")
     if tuple(got.shape) != tuple(want.shape):
         return Mismatch("shape", f"`{call.target}` is {_shape_words(tuple(got.shape))}; the question asks "
                         f"for {_shape_words(tuple(want.shape))}.", output=0)

@@ -58,7 +58,12 @@ class Call:
         device, dtype: where and in which floating dtype the call runs.
         as_default: run with `device` and `dtype` as torch's defaults (for functions such as
             sinusoidal_positional_encoding that create tensors from no input tensor).
-        measure_memory: record the largest tensor the call creates (Outcome.largest_tensor).
+        measure_memory: record the largest tensor the call creates (Outcome.largest_tensor), in
+            the caller's process (the self-check's diagnosis: the student's own process can
+            disable it, so the grader scores memory by `capped_memory` instead).
+        capped_memory: the grader runs the call in a child of its own whose memory (hard
+            RLIMIT_DATA, set before any student code runs) is capped at `Limits.memory_case`
+            above what it holds at its start: the kernel, not the student's process, enforces it.
         answer: the target is a plain value (a "predict" exercise's answer: a number or a nested
             list of numbers), not called but read, as a float64 CPU tensor (execute.py).
     """
@@ -80,6 +85,7 @@ class Call:
     dtype: str = "float64"
     as_default: bool = False
     measure_memory: bool = False
+    capped_memory: bool = False
     answer: bool = False
 
     def to_plain(self) -> dict:

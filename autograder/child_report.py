@@ -5,6 +5,7 @@ tensors (the `wire` decoder's own) are accepted.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 import torch
@@ -104,3 +105,105 @@ def validated(d) -> Outcome | None:
         return out
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+_CELL_FRAME = re.compile(r"^<cell (\d+)>, line (\d+), in [^:]*: (.*)$")
+
+
+def traceback_in_source(error: dict | None, cells: list[str]) -> bool:
+    """Whether an error's traceback (`execute.student_frames`: "<cell N>, line L, in f: text")
+    could have come from the notebook the grader sent: every frame it places in a cell names a
+    line that exists there with that text. A forged error that cites code the student never
+    wrote is refused (the child is believed about nothing the grader can check itself)."""
+    if not error or not error.get("where"):
+        return True
+    for line in error["where"].splitlines():
+        m = _CELL_FRAME.match(line)
+        if not m:
+            continue
+        number, lineno, text = int(m[1]), int(m[2]), m[3].strip()
+        if not 1 <= number <= len(cells):
+            return False
+        source = cells[number - 1].splitlines()
+        if not 1 <= lineno <= len(source) or source[lineno - 1].strip() != text:
+            return False
+    return True
+
+
+def _innermost_cell_frame(where: str) -> tuple[int, str] | None:
+    frames = [m for m in map(_CELL_FRAME.match, where.splitlines()) if m]
+    return (int(frames[-1][1]), frames[-1][3].strip()) if frames else None
+
+
+def _notebook_classes(cells: list[str]) -> dict[str, list[str]]:
+    """Class name -> the names of its bases, for the classes the notebook defines."""
+    import ast
+
+    classes = {}
+    for source in cells:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                                      for b in node.bases]
+    return classes
+
+
+def _is_a(type_name: str, expected: str, classes: dict, depth: int = 0) -> bool:
+    """Whether the exception class `type_name` is (a subclass of) `expected`, judged from
+    Python's own built-in classes and the notebook's class definitions, never from the mro the
+    child claims."""
+    import builtins
+
+    if type_name == expected:
+        return True
+    builtin = getattr(builtins, type_name, None)
+    if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        return expected in [c.__name__ for c in builtin.__mro__]
+    if depth > 8 or type_name not in classes:
+        return False
+    return any(_is_a(base, expected, classes, depth + 1) for base in classes[type_name])
+
+
+def _definition_span(cells: list[str], name: str) -> tuple[int, int, int] | None:
+    """(cell number, first line, last line) of the notebook's last top-level definition of
+    `name` (cells run top to bottom: the last one is what is graded)."""
+    import ast
+
+    span = None
+    for number, source in enumerate(cells, 1):
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                span = (number, node.lineno, node.end_lineno or node.lineno)
+    return span
+
+
+def expected_error_credible(error: dict, expected: str, cells: list[str], target: str | None = None) -> bool:
+    """Whether an error the case asks for (`Call.expect_error`) was raised by the student's own
+    code, as far as the grader can tell from the notebook it sent: the traceback names lines
+    of the notebook (`traceback_in_source`), the innermost of them is a `raise` of that
+    exception's class, and that class is `expected` or a subclass (Python's built-ins, or a
+    class the notebook defines), and one of its lines lies in the definition of `target` (the
+    graded function or class). A child that only claims the error fails the case."""
+    where = error.get("where") or ""
+    frame = _innermost_cell_frame(where)
+    type_name = str(error.get("type", ""))
+    if frame is None or not traceback_in_source(error, cells):
+        return False
+    _, text = frame
+    if not (text.startswith("raise ") and re.search(rf"\b{re.escape(type_name)}\b", text)):
+        return False
+    if not _is_a(type_name, expected, _notebook_classes(cells)):
+        return False
+    if target is None:
+        return True
+    span = _definition_span(cells, target)
+    frames = [(int(m[1]), int(m[2])) for m in map(_CELL_FRAME.match, where.splitlines()) if m]
+    return span is not None and any(n == span[0] and span[1] <= line <= span[2] for n, line in frames)

@@ -139,6 +139,9 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
                                not_implemented=True)
     if call.expect_error:
         if err and call.expect_error in err.get("mro", [err.get("type")]):
+            if not err.get("where"):  # the student's own code must have raised it
+                return Mismatch("expected-error", f"this call must raise {call.expect_error} with a `raise` "
+                                "statement of your own code, but no such statement of the notebook raised it.")
             return None
         if kind:
             return Mismatch(kind.aspect, err["message"])
@@ -162,6 +165,9 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
             return m
     if student.returned != expected.returned:
         return Mismatch("returned", f"returned {student.returned or 'nothing'}, expected {expected.returned}.")
+    m = structure(student, expected)
+    if m:
+        return m
     n = len(expected.meta)
     for i, (sm, em) in enumerate(zip(student.meta, expected.meta)):
         name = _output_name(i, n)
@@ -209,6 +215,46 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
         names = ", ".join(_grad_label(x) for x in student.inputs_modified)
         return Mismatch("inplace", f"the call modified its input in place ({names}); work on a copy "
                         "or use out-of-place ops (masked_fill, not masked_fill_).")
+    return None
+
+
+def _kind(meta: dict) -> str:
+    return "Tensor" if "shape" in meta else str(meta.get("type"))
+
+
+def structure(student: Outcome, expected: Outcome) -> Mismatch | None:
+    """Whether the student's outcome has the expected outcome's structure, believing nothing the
+    child claims about itself: as many outputs and descriptions as expected, each of the same
+    kind, every tensor's data agreeing with its description (shape, dtype) and with the
+    expected one, a tensor wherever the reference has one (never a missing value), and a
+    gradient for every input the reference's gradient reaches. Anything else fails the case:
+    a comparison is never skipped for lack of something to compare."""
+    n = len(expected.meta)
+    if len(student.meta) != len(student.outputs):
+        return Mismatch("returned", f"the result describes {len(student.meta)} values but holds "
+                        f"{len(student.outputs)}.")
+    if len(student.outputs) != n or len(expected.outputs) != n:
+        return Mismatch("returned", f"returned {len(student.outputs)} values, expected {n}.")
+    for i, (sm, em, s, e) in enumerate(zip(student.meta, expected.meta, student.outputs, expected.outputs)):
+        name = _output_name(i, n)
+        if _kind(sm) != _kind(em):
+            return Mismatch("returned", f"{name} is {_kind(sm)}, expected {_kind(em)}.", output=i)
+        if s is not None and not isinstance(s, torch.Tensor):
+            return Mismatch("returned", f"{name} came back without its values.", output=i)
+        if s is None:
+            # No data: only where the reference has none either (the meta device), or where the
+            # student's tensor claims the meta device on a CPU case (reported as a device error).
+            if e is not None and sm.get("device") != "meta":
+                return Mismatch("returned", f"{name} came back without its values.", output=i)
+            continue
+        if list(s.shape) != list(sm.get("shape", [])) or str(s.dtype).removeprefix("torch.") != sm.get("dtype"):
+            return Mismatch("returned", f"{name}'s data ({_fmt_shape(s.shape)}, "
+                            f"{str(s.dtype).removeprefix('torch.')}) does not match its description "
+                            f"({_fmt_shape(sm.get('shape', []))}, {sm.get('dtype')}).", output=i)
+    for key, e in expected.grads.items():
+        s = student.grads.get(key)
+        if e is not None and s is not None and not isinstance(s, torch.Tensor):
+            return Mismatch("grads", f"the gradient of {_grad_label(key)} came back without its values.")
     return None
 
 

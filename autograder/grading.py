@@ -14,6 +14,7 @@ the exercise. Every case is judged by `judge`, which the self-check and nbgrader
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -200,7 +201,8 @@ def variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
         return [(i, c.on("meta", "float32")) for i, c in enumerate(cases) if not c.train]
     out = [(i, c.on("cuda", "float32")) for i, c in enumerate(cases)]
     for dt in HALF_DTYPES:
-        halves = [(i, c) for i, c in enumerate(cases) if not (c.expect_error or c.as_default or c.train)]
+        halves = [(i, c) for i, c in enumerate(cases)
+                  if not (c.expect_error or c.as_default or c.train or c.capped_memory)]
         out += [(i, c.on("cuda", dt)) for i, c in halves[:HALF_CASES]]
     return out
 
@@ -234,12 +236,20 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
     student's outcome of `call` with the expected one (on the meta device: shapes, dtypes and
     devices only), name the likely mistake, and record forbidden built-ins."""
     notes: list = []
-    if call.device == "meta" and not call.answer:  # (an answer is a value: compared as on the CPU)
-        m = compare_meta(call, student, expected)
-    else:
-        m = case_registry.compare(call, student, expected, notes)
+    try:
+        if call.device == "meta" and not call.answer:  # (an answer is a value: compared as on the CPU)
+            m = compare_meta(call, student, expected)
+        else:
+            m = case_registry.compare(call, student, expected, notes)
+    except Exception as e:  # an outcome that no rule foresaw: the case fails, the grading goes on
+        m = Mismatch("returned", f"the result could not be compared with the reference "
+                     f"({type(e).__name__}: {str(e)[:200]}).")
+        return Verdict(m, ex.forbidden.used_in(student.forbidden))
     if m:
-        m.hint = m.hint or case_registry.hint(call, student, expected, m)
+        try:
+            m.hint = m.hint or case_registry.hint(call, student, expected, m)
+        except Exception:
+            m.hint = None
         if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
             m.hint = PRECISION_HINT
     return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes else "")
@@ -390,12 +400,14 @@ class Grader:
             result.seconds = time.perf_counter() - start
             return result
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox,
-                            sandboxes=sandboxes) as session:
+                            sandboxes=sandboxes) as session, \
+                _CappedRunner(cells, self.limits, self.sandbox, sandboxes) as capped:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
-            result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick)
+            run = lambda c: capped.run(c) if c.capped_memory else session.run(c)  # noqa: E731
+            result.tests = grade_chapter(chapter, run, self.devices, self.seed, self.quick)
             defined = set(info.get("defined", []))
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
             if note:
@@ -405,9 +417,12 @@ class Grader:
 
     def grade_namespace(self, chapter: Chapter, namespace: dict, exercises: list[str] | None = None
                         ) -> list[TestResult]:
-        """Grade objects already defined in this process (nbgrader's kernel): no sandbox."""
-        return grade_chapter(chapter, lambda c: execute(namespace, c), self.devices, self.seed,
-                             self.quick, exercises)
+        """Grade objects already defined in this process (tests, a trusted kernel): no sandbox,
+        so no child whose memory the kernel could cap: memory cases record the largest tensor
+        created instead (`Call.measure_memory`), which this process can be trusted to do."""
+        def run(c: Call) -> Outcome:
+            return execute(namespace, dataclasses.replace(c, measure_memory=True) if c.capped_memory else c)
+        return grade_chapter(chapter, run, self.devices, self.seed, self.quick, exercises)
 
     # -- a file or folder -----------------------------------------------------------------------
     def find_notebooks(self, path: Path) -> tuple[dict, list]:
@@ -493,6 +508,32 @@ class Grader:
             if own is not None:
                 own.close()
         return self.assemble(result, done, time.perf_counter() - start)
+
+
+class _CappedRunner:
+    """The memory cases' own session (`Call.capped_memory`): the same notebook in a child whose
+    memory the kernel caps, started at the first such case."""
+
+    def __init__(self, cells, limits, sandbox, sandboxes):
+        self.args, self.session = (cells, limits, sandbox, sandboxes), None
+
+    def run(self, call: Call) -> Outcome:
+        from .session import StudentSession
+
+        if self.session is None:
+            cells, limits, sandbox, sandboxes = self.args
+            self.session = StudentSession(cells, limits=limits, sandbox=sandbox, sandboxes=sandboxes,
+                                          memory_capped=True)
+        # blocks in Python over 2^27 scores: more work than any other case, so more time
+        return self.session.run(call, timeout=3 * self.session.limits.call_timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.session is not None:
+            self.session.close()
+        return False
 
 
 def _start_notes(info: dict) -> list[str]:

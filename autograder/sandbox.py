@@ -105,6 +105,10 @@ class Limits:
     nofile: int = 256                   # open file descriptors
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
+    memory_case: int = 512 * MiB        # memory cases (Call.memory_cap) run in a child of their
+                                        # own that may allocate this much beyond what it holds
+                                        # at its start (hard RLIMIT_DATA, set before any student
+                                        # code runs: the kernel, not the student, enforces it)
     threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
     # The grader's own deadlines and bounds (not the student's):
     send_timeout: float = 30.0          # to hand the notebook's cells to a child
@@ -182,10 +186,15 @@ def hidden_paths(extra=()) -> list[str]:
     solutions ($AUTOGRADER_SOLUTIONS or <repo>/solutions), $AUTOGRADER_HIDE (os.pathsep
     separated; results and hidden test data belong here), /work, the reference
     outcomes' cache folder and `extra`."""
-    paths = [str(REPO_DIR), str(PACKAGE_DIR),
-             os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions"), "/work"]
+    library = interpreter_dirs()
+    # An installed grader's "repository" is site-packages itself: its package is hidden (below),
+    # the rest of site-packages (torch) must stay visible.
+    repo = [] if any(os.path.realpath(REPO_DIR) == os.path.realpath(d) for d in library) else [str(REPO_DIR)]
+    paths = repo + [str(PACKAGE_DIR),
+                    os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions"), "/work"]
     paths += [p for p in os.environ.get("AUTOGRADER_HIDE", "").split(os.pathsep) if p]
     paths += [os.fspath(p) for p in extra]
+    paths += grader_copies(library)
     from .reference_store import cache_dir
     if cache_dir() is not None:  # the stored reference outcomes hold the hidden inputs
         paths.append(str(cache_dir()))
@@ -222,13 +231,56 @@ def is_hidden(path: str, hidden: list[str]) -> bool:
     return False
 
 
+def interpreter_dirs() -> list[str]:
+    """The interpreter's own library folders: its standard library and its site-packages (a
+    venv's and its base's, Debian's dist-packages, the user's site-packages where Python uses
+    it). What the child may import comes from these only: never the working folder,
+    $PYTHONPATH, an editable install's source folder or any other sys.path entry, which may be
+    a course folder holding the whole class's submissions or the grader's own code."""
+    import site
+    import sysconfig
+
+    dirs = set()
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix,
+                                          "installed_base": prefix, "installed_platbase": prefix})
+        dirs.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    dirs.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user and user in sys.path:
+        dirs.add(user)
+    out = []
+    for d in sorted(dirs):
+        for q in (os.path.abspath(d), os.path.realpath(d)):
+            if os.path.isdir(q) and q not in out:
+                out.append(q)
+    return out
+
+
+def grader_copies(dirs: list[str]) -> list[str]:
+    """Every copy of the grader package in these folders (a non-editable install puts one in
+    site-packages, with its cases, hint models and input seeds): hidden in the sandbox, where
+    the child imports only its own staged runtime."""
+    out = []
+    for d in dirs:
+        candidate = os.path.join(d, PACKAGE_DIR.name)
+        if os.path.isdir(candidate) and (os.path.exists(os.path.join(candidate, "grading.py"))
+                                         or os.path.isdir(os.path.join(candidate, "cases"))):
+            out.append(candidate)
+    return out
+
+
 def child_sys_path(hidden: list[str]) -> list[str]:
-    """The grader's sys.path minus its repository and anything hidden (no '' either)."""
+    """The grader's sys.path entries that lie in the interpreter's own library folders, minus
+    anything hidden (so no '', no working folder, no $PYTHONPATH, no repository)."""
+    allowed = interpreter_dirs()
     out = []
     for p in sys.path:
         if not p:
             continue
         p = os.path.abspath(p)
+        if not any(_under(p, a) or _under(os.path.realpath(p), a) for a in allowed):
+            continue
         if os.path.exists(p) and not is_hidden(p, hidden) and p not in out:
             out.append(p)
     return out
@@ -365,8 +417,11 @@ def probe_bubblewrap() -> tuple[bool, str, int]:
             sys_path = child_sys_path(hidden)
             stage = stage_runtime()
             want_uid = NOBODY if os.geteuid() == 0 else os.getuid()
-            code = ("import os, sys; sys.path[:0] = [%r]; import autograder; "
-                    "print(os.getuid(), os.path.exists(%r))" % (RUNTIME_DEST, str(PACKAGE_DIR)))
+            # The grader's folder may exist there as an empty mount point (hidden inside a
+            # bound folder): what matters is that none of its files can be read.
+            code = ("import os, sys; sys.path[:0] = [%r]; import autograder; p = %r; "
+                    "print(os.getuid(), os.path.isdir(p) and bool(os.listdir(p)))"
+                    % (RUNTIME_DEST, str(PACKAGE_DIR)))
             reasons = []
             for variant in (0, 1):
                 argv = [sys.executable, "-B", "-c", code]
@@ -492,7 +547,8 @@ class Child:
     The parent's ends are non-blocking: `req_fd` (write), `res_fd` and `out_fd` (read).
     """
 
-    def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str):
+    def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str,
+                 data_headroom: int = 0):
         self.mode, self.limits, self.token = mode, limits, token
         req_r, self.req_fd = os.pipe()
         self.res_fd, res_w = os.pipe()
@@ -512,6 +568,8 @@ class Child:
                 drop = [NOBODY, NOBODY]
                 os.chown(workdir, NOBODY, NOBODY)
         config = _config(mode, limits, runtime, sys_path, drop, token)
+        if data_headroom:
+            config["data_headroom"] = int(data_headroom)
         argv = _python_argv(runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
         if mode == "bubblewrap":
             _, _, variant = probe_bubblewrap()
@@ -847,13 +905,17 @@ class WarmSandbox(_Controlled):
         else:
             super()._on_message(message)
 
-    def fork(self, token: str) -> "ForkedChild":
-        """A fresh child for one chapter, forked from the warm worker."""
+    def fork(self, token: str, data_headroom: int = 0) -> "ForkedChild":
+        """A fresh child for one chapter, forked from the warm worker (with `data_headroom`,
+        its memory capped that far above what it holds when it starts)."""
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
-            forked = self._request(self._p.Fork(token, {"threads": self.limits.threads}),
+            config = {"threads": self.limits.threads}
+            if data_headroom:
+                config["data_headroom"] = int(data_headroom)
+            forked = self._request(self._p.Fork(token, config),
                                    (req_r, res_w, out_w), self._p.Forked)
         except BaseException:
             for fd in (req_w, res_r, out_r):

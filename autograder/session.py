@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from . import protocol, wire
-from .calls import Call, Outcome
+from .calls import Call, ErrorKind, Outcome
 from .channel import Budget, Capture, Channel, poll_wait
-from .child_report import plain_error, validated
+from .child_report import expected_error_credible, plain_error, traceback_in_source, validated
 from .sandbox import Child, Limits, SandboxDied, SandboxMode, SandboxPool, choose_mode, hidden_paths
 
 __all__ = ["StudentSession", "Limits"]
@@ -69,9 +69,11 @@ class StudentSession:
     """
 
     def __init__(self, cells: list[str], limits: Limits | None = None, sandbox: str = "auto",
-                 hide=(), sandboxes: SandboxPool | None = None):
+                 hide=(), sandboxes: SandboxPool | None = None, memory_capped: bool = False):
         self.cells = [c if isinstance(c, str) else "" for c in cells]
         self.limits = limits or Limits.from_env()
+        # memory cases: every child's RLIMIT_DATA is limits.memory_case above its start
+        self._headroom = self.limits.memory_case if memory_capped else 0
         requested = None if sandbox == "auto" else sandbox
         self.mode, self.note = choose_mode(requested)
         self._hidden = hidden_paths(hide)
@@ -228,7 +230,7 @@ class StudentSession:
         process), or why the sandbox could not start."""
         token = secrets.token_hex(16)
         if self._pool is None:
-            return Child(self.mode, self.limits, self._hidden, self._workdir or "/", token)
+            return Child(self.mode, self.limits, self._hidden, self._workdir or "/", token, self._headroom)
         if self._box is not None and not self._box.alive():
             self._pool.release(self._box)  # killed by what the student did: start a new one
             self._box = None
@@ -240,7 +242,7 @@ class StudentSession:
             self._box = None
             return why
         try:
-            return self._box.fork(token)
+            return self._box.fork(token, self._headroom)
         except SandboxDied as e:
             self._pool.release(self._box)
             self._box = None
@@ -432,6 +434,17 @@ class StudentSession:
         match event:
             case protocol.CallDone(id=answered) if answered == self._call_id:
                 outcome = validated(event.outcome)
+                if outcome is not None and not traceback_in_source(outcome.error, self.cells):
+                    outcome = Outcome.failure("Crash", f"{name} reported an error whose traceback does not "
+                                              "match the notebook's code")
+                elif outcome is not None and call.expect_error and outcome.error and \
+                        ErrorKind.of(outcome.error) is None and \
+                        not expected_error_credible(outcome.error, call.expect_error, self.cells, call.target):
+                    # the child's claim of the error is not believed: its kind is what the
+                    # notebook's own raise statement says, nothing more
+                    outcome.error["mro"] = [outcome.error.get("type", "")]
+                    if call.expect_error in outcome.error["mro"]:
+                        outcome.error["where"] = ""  # a claim without a raise in the notebook
                 if outcome is None:
                     self._kill()
                     outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data; "

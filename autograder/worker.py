@@ -154,7 +154,11 @@ def _set_limits(config: dict) -> None:
         import resource
     except ImportError:  # not on Linux/macOS
         return
-    for name, value in config["rlimits"].items():
+    rlimits = dict(config["rlimits"])
+    headroom = config.get("data_headroom")
+    if headroom:  # a memory case: this much beyond what the process holds now (torch included)
+        rlimits["DATA"] = min(rlimits.get("DATA") or headroom + _data_now(), headroom + _data_now())
+    for name, value in rlimits.items():
         res = getattr(resource, f"RLIMIT_{name}", None)
         if res is None or value is None:
             continue
@@ -173,6 +177,19 @@ def _set_limits(config: dict) -> None:
             resource.setrlimit(res, (nproc, nproc))
         except (ValueError, OSError):
             pass
+
+
+def _data_now() -> int:
+    """The bytes RLIMIT_DATA counts for this process now (VmData: heap and private writable
+    mappings)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _tasks_of(uid: int) -> int:

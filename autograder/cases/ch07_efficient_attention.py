@@ -2,8 +2,9 @@
 sliding_window_mask and alibi_bias.
 
 Graded by behaviour and by the property that makes each technique worth having:
-`online_softmax_attention` on its memory cases (Call.measure_memory) may not create any tensor
-larger than its largest input, its output or one block of scores; `GroupedQueryAttention`'s
+`online_softmax_attention` never holds the L_q x L_k scores: the grader's memory cases
+(Call.capped_memory) run where the kernel caps the child's memory far below that matrix, and
+the self-check's (Call.measure_memory) record the largest tensor created; `GroupedQueryAttention`'s
 cache is graded as returned (H_kv heads, past positions first).
 
 The hints are a table of mistake models, (hint text, model) per exercise (MISTAKES), each model
@@ -49,7 +50,20 @@ def _online_cases(gen, quick):
     ]
     if quick:
         return cs
+    # The grader scores memory where the student's process cannot reach: these calls run in a
+    # child whose memory the kernel caps (Limits.memory_case, 512 MiB by default) below the
+    # score matrix of all keys (2^27 entries: 1 GiB in float64, 512 MiB even in float32), while
+    # the blocks' own scores (16-32 MiB) fit easily. (The self-check's recorder case above is
+    # a diagnosis in the student's own process; the grader does not run it.)
+    padding = torch.rand(1, 131072, generator=gen) > 0.1
+    cs = [c for c in cs if not c.measure_memory]
     return cs + [
+        call("memory: L_q=512, L_k=262144 in blocks of 4096, memory capped below the L_q x L_k "
+             "score matrix", randn(gen, 512, 2), randn(gen, 262144, 2), randn(gen, 262144, 2),
+             kwargs={"block_size": 4096}, capped_memory=True),
+        call("memory: batch (2,), L_q=512, L_k=131072 in blocks of 4096, padding mask (1, L_k), memory capped "
+             "below the L_q x L_k score matrix", randn(gen, 2, 512, 2), randn(gen, 2, 131072, 2),
+             randn(gen, 2, 131072, 2), kwargs={"mask": padding, "block_size": 4096}, capped_memory=True),
         call("block_size=16 larger than L_k=6, unbatched (gradients too)",
              randn(gen, 4, 3), randn(gen, 6, 3), randn(gen, 6, 2), kwargs={"block_size": 16}, grad=g),
         call("default block_size (64) with L_k=70, batch (2,)",
@@ -68,10 +82,6 @@ def _online_cases(gen, quick):
         call("large scores (inputs scaled by 30), block_size=2: the running max keeps exp finite",
              randn(gen, 4, 16, scale=30.0), randn(gen, 7, 16, scale=30.0), randn(gen, 7, 3),
              kwargs={"block_size": 2}, grad=g),
-        call("memory: batch (2, 2), L_k=64 in blocks of 8, causal boolean mask (12, 64)",
-             randn(gen, 2, 2, 12, 4), randn(gen, 2, 2, 64, 4), randn(gen, 2, 2, 64, 4),
-             kwargs={"mask": torch.ones(12, 64, dtype=torch.bool).tril(52), "block_size": 8},
-             measure_memory=True),
         call("float32 inputs keep float32, block_size=4", randn(gen, 2, 3, 4), randn(gen, 2, 9, 4),
              randn(gen, 2, 9, 4), kwargs={"block_size": 4}, dtype="float32"),
     ]
@@ -163,6 +173,16 @@ def _alibi_cases(gen, quick):
 
 
 # ----------------------------------------------------------------------------- memory
+_CAP_WORDS = "a few hundred MiB (Limits.memory_case)"
+
+
+def _scores_size(call) -> str:
+    q, k = call.args[0], call.args[1]
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    n = math.prod(batch) * q.shape[-2] * k.shape[-2] * 8
+    return f"{n / 2**30:.3g} GiB"
+
+
 def memory_limit(call, expected) -> int:
     """The most elements one tensor may hold while online_softmax_attention runs: the largest
     input, the largest output, or one block of scores (batch x L_q x block_size)."""
@@ -177,9 +197,21 @@ def memory_limit(call, expected) -> int:
     return max(sizes)
 
 
+MEMORY_HINT = ("build the scores of one block of keys at a time (q @ k[..., j:j+block_size, :]^T), "
+               "never q @ k^T for all keys at once, nor a mask or softmax over all keys: "
+               "the point of the online softmax is that the L_q x L_k matrix never exists")
+_OUT_OF_MEMORY = ("allocate", "memory", "MemoryError", "SIGKILL")
+
+
 def compare(call, student, expected, notes=None):
     m = generic.compare(call, student, expected, notes)
-    if m or not call.measure_memory or call.exercise != "online_softmax_attention":
+    if m and call.capped_memory and m.aspect in ("error", "crash") and \
+            any(w in m.message for w in _OUT_OF_MEMORY):
+        m.message = (f"the call ran out of memory: it may allocate {_CAP_WORDS} beyond what the process "
+                     f"holds, less than the {_scores_size(call)} of all L_q x L_k scores in float64. {m.message}")
+        m.hint = MEMORY_HINT
+        return m
+    if m or not (call.measure_memory or call.capped_memory) or call.exercise != "online_softmax_attention":
         return m
     largest = student.largest_tensor
     if largest is None:
@@ -192,9 +224,7 @@ def compare(call, student, expected, notes=None):
         return Mismatch("memory", f"the values are right, but a tensor of {largest[0]} elements was created "
                         f"({largest[1]}); at most {limit} are allowed here (the largest input, the output or "
                         f"one block of L_q x block_size scores){whole}.",
-                        hint="build the scores of one block of keys at a time (q @ k[..., j:j+block_size, :]^T), "
-                             "never q @ k^T for all keys at once, nor a mask or softmax over all keys: "
-                             "the point of the online softmax is that the L_q x L_k matrix never exists")
+                        hint=MEMORY_HINT)
     return None
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 import traceback
@@ -19,20 +18,28 @@ from pathlib import Path
 from ..references import REPO_DIR, solutions_dir
 
 SETUP_SH = """#!/usr/bin/env bash
-# Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader and
-# its dependencies as pyproject.toml pins them.
+# Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader's
+# dependencies as pyproject.toml pins them. The grader itself is NOT installed: it runs from
+# /autograder/source, which the sandbox never shows to a student's code, while site-packages
+# (which it does show, read-only) holds nothing of the grader's.
 set -euo pipefail
 apt-get update -qq && apt-get install -y -qq python3 python3-pip python3-venv bubblewrap >/dev/null
 python3 -m venv /opt/grader-venv
 /opt/grader-venv/bin/pip install -q "__TORCH__" --index-url https://download.pytorch.org/whl/cpu
-/opt/grader-venv/bin/pip install -q /autograder/source
+/opt/grader-venv/bin/pip install -q __DEPENDENCIES__
 """
 
 
 def torch_requirement() -> str:
     """The torch pin of pyproject.toml ("torch==X.Y.Z"): its one place."""
-    text = (REPO_DIR / "pyproject.toml").read_text()
-    return re.search(r'"(torch==[^"]+)"', text).group(1)
+    return next(d for d in grader_dependencies() if d.startswith("torch=="))
+
+
+def grader_dependencies() -> list[str]:
+    """What the grader needs, as pyproject.toml pins it (torch included)."""
+    import tomllib
+
+    return list(tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["project"]["dependencies"])
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Grade /autograder/submission and always write /autograder/results/results.json.
@@ -65,7 +72,8 @@ def build_zip(output, chapters: list[str] | None = None) -> Path:
             info.external_attr = (0o100000 | mode) << 16
             z.writestr(info, text)
 
-        add_text("setup.sh", SETUP_SH.replace("__TORCH__", torch_requirement()))
+        others = " ".join(f'"{d}"' for d in grader_dependencies() if not d.startswith("torch=="))
+        add_text("setup.sh", SETUP_SH.replace("__TORCH__", torch_requirement()).replace("__DEPENDENCIES__", others))
         add_text("run_autograder", RUN_AUTOGRADER.replace("__CHAPTERS__", ",".join(chapters or [])))
         for f in sorted((REPO_DIR / "autograder").rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
