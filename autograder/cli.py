@@ -38,8 +38,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
                    help="comma-separated chapters to grade, e.g. 02,03 (missing notebooks score zero); "
                         "default: the chapters found")
-    p.add_argument("--sandbox", choices=["auto", "bubblewrap", "none"], default=None,
-                   help="how student code is isolated (default: $AUTOGRADER_SANDBOX or auto)")
+    p.add_argument("--sandbox", choices=["auto", "bubblewrap", "container", "none"], default=None,
+                   help="how student code is isolated (default: $AUTOGRADER_SANDBOX or auto: bubblewrap, "
+                        "else, as root in a container without namespaces, a uid per student)")
     p.add_argument("--seed", type=int, default=None, help="input seed (default: $AUTOGRADER_SEED or built in)")
 
 
@@ -102,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
     from .sandbox import SandboxUnavailable, choose_mode
     try:
-        mode, note = choose_mode(args.sandbox)
+        # (in the container mode, what a student's uid must not read: the class and its reports)
+        hide = [p for p in (getattr(args, "class_dir", None), getattr(args, "out", None)) if p]
+        mode, note = choose_mode(args.sandbox, hide)
     except SandboxUnavailable as e:
         print(f"error: no grading without the sandbox: {e}", file=sys.stderr)
         return 3

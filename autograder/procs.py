@@ -88,3 +88,32 @@ def ended_children():
         if pid == 0:
             return
         yield pid, (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def pids_of_uid(uid: int) -> set[int]:
+    """Every process whose real or effective uid is `uid`."""
+    out = set()
+    for pid in proc_table():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if str(uid) in line.split()[1:3]:
+                            out.add(pid)
+                        break
+        except OSError:
+            pass
+    return out
+
+
+def kill_uid(uid: int, rounds: int = 20) -> None:
+    """Stop, then kill, every process of `uid` (a student's own uid: everything they started,
+    wherever it went), round after round until none is left (at most `rounds`)."""
+    for _ in range(rounds):
+        pids = pids_of_uid(uid) - {os.getpid()}
+        if not pids:
+            return
+        for pid in pids:
+            send(pid, signal.SIGSTOP)
+        for pid in pids:
+            send(pid, signal.SIGKILL)

@@ -57,7 +57,7 @@ from . import procs
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 # Modules the child imports: nothing secret (no references, no cases, no solutions).
-RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "protocol.py",
+RUNTIME_MODULES = ("__init__.py", "worker.py", "execute.py", "calls.py", "wire.py", "protocol.py", "confine.py",
                    "procs.py", "contract.py", "notebook.py", "zygote.py")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 NOBODY = 65534
@@ -68,6 +68,7 @@ class SandboxMode(str, Enum):
     it compares equal to (and prints as) its value."""
 
     BUBBLEWRAP = "bubblewrap"
+    CONTAINER = "container"
     FALLBACK = "fallback"
 
     def __str__(self) -> str:
@@ -309,7 +310,7 @@ def _depth(path: str) -> int:
 
 
 def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str], stage: Path,
-                  limits: Limits, variant: int = 0, keep_root: bool = False) -> list[str]:
+                  limits: Limits, variant: int = 0, keep_root: bool = False, uid: int = NOBODY) -> list[str]:
     """The bwrap command line that runs `python_argv` in the sandbox.
 
     variant 0 is the full set of options; variant 1 leaves out the ones an older bwrap lacks.
@@ -389,7 +390,7 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
     elif root:
         setpriv = shutil.which("setpriv")
         if setpriv:
-            args += ["--", setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            args += ["--", setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                      "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
         else:
             args += ["--"]  # the worker drops privileges itself (config "drop")
@@ -464,29 +465,100 @@ FALLBACK_WARNING = ("the notebook ran as a plain child process with resource lim
                     "Linux with bubblewrap installed.")
 
 
-def choose_mode(requested: str | None = None) -> tuple[SandboxMode, str]:
-    """(mode, note): the sandbox to use, and a sentence for the report when it is the fallback.
+def choose_mode(requested: str | None = None, hide=()) -> tuple[SandboxMode, str]:
+    """(mode, note): the sandbox to use, and a sentence for the report when it is not bubblewrap.
 
-    requested: "auto" (default; also $AUTOGRADER_SANDBOX), "bubblewrap" or "none"/"fallback".
-    The fallback is used only when bubblewrap is not installed (or not Linux) or when "none" is
-    asked for. Bubblewrap installed but unable to start, or asked for and absent, raises
-    SandboxUnavailable rather than running unsandboxed.
+    requested: "auto" (default; also $AUTOGRADER_SANDBOX), "bubblewrap", "container" or
+    "none"/"fallback". auto takes bubblewrap where it can start a sandbox; else, where it is
+    installed but cannot start and the grader is root on Linux (a Docker, Gradescope or
+    Kubernetes container without the capabilities namespaces need), the container mode,
+    provided the secret paths (`hide` and `hidden_paths`) are unreadable to a student's uid;
+    else the fallback, only where bubblewrap is not installed. Anything else raises SandboxUnavailable rather than grading unsandboxed:
+    bubblewrap installed but unable to start for a grader that is not root, a container whose
+    secrets a student could read, a mode asked for that cannot work here.
     """
     requested = (requested or os.environ.get("AUTOGRADER_SANDBOX") or "auto").lower()
     if requested in ("none", "fallback", "off"):
         return SandboxMode.FALLBACK, ("Sandbox: none (--sandbox none or AUTOGRADER_SANDBOX=none): "
                             + FALLBACK_WARNING)
-    if requested not in ("auto", "bubblewrap", "bwrap"):
-        raise ValueError(f"unknown sandbox mode {requested!r} (auto, bubblewrap or none)")
-    ok, why, _ = probe_bubblewrap()
-    if ok:
-        return SandboxMode.BUBBLEWRAP, ""
+    if requested not in ("auto", "bubblewrap", "bwrap", "container"):
+        raise ValueError(f"unknown sandbox mode {requested!r} (auto, bubblewrap, container or none)")
+    why = ""
+    if requested != "container":
+        ok, why, _ = probe_bubblewrap()
+        if ok:
+            return SandboxMode.BUBBLEWRAP, ""
     installed = sys.platform == "linux" and shutil.which("bwrap")
+    root = sys.platform == "linux" and os.geteuid() == 0
+    if root and (requested == "container" or (requested == "auto" and installed)):
+        readable = readable_secrets(hidden_paths(hide))
+        if not readable:
+            return SandboxMode.CONTAINER, f"Sandbox: container ({why or 'asked for'}): " + CONTAINER_NOTE
+        raise SandboxUnavailable(
+            f"{why + '; ' if why else ''}the container mode (a uid of the student's own) cannot be used: "
+            f"a student's uid could read {', '.join(readable[:4])}. Fix: make them unreadable to other "
+            f"users (chmod -R go-rwx {' '.join(readable[:4])}; the Gradescope run_autograder does this), "
+            "or let bubblewrap create namespaces.")
+    if requested == "container":
+        raise SandboxUnavailable("--sandbox container needs a grader that runs as root on Linux.")
     if requested in ("bubblewrap", "bwrap") or installed:
         raise SandboxUnavailable(f"{why}. {FIX}" if installed else
                                  f"--sandbox bubblewrap was asked for, but {why}. Install "
                                  "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap).")
     return SandboxMode.FALLBACK, f"Sandbox: fallback ({why}): " + FALLBACK_WARNING
+
+
+CONTAINER_NOTE = ("no namespaces here, so each student's code runs as a uid of its own with resource "
+                  "limits and timeouts; the grader's files are hidden by their owner and mode, every "
+                  "process of that uid is killed when the student ends, but the network is not cut off.")
+
+_READABLE_LOCK = threading.Lock()
+_READABLE: dict = {}
+
+
+def readable_secrets(paths: list[str]) -> list[str]:
+    """Which of `paths` a student's uid could read (list a folder, open a file), tried by a
+    forked process that becomes such a uid. Cached per list of paths."""
+    key = tuple(paths)
+    with _READABLE_LOCK:
+        if key in _READABLE:
+            return _READABLE[key]
+        lease = student_uid()
+        uid = lease.uid if lease else NOBODY
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # (only os calls here: this process may have threads)
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+                found = []
+                for p in paths:
+                    if p == "/work" or not os.path.exists(p):  # (/work: where this course is developed)
+                        continue
+                    try:
+                        if os.path.isdir(p):
+                            os.listdir(p)
+                        else:
+                            os.close(os.open(p, os.O_RDONLY))
+                        found.append(p)
+                    except OSError:
+                        pass
+                os.write(w, "\0".join(found).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        data = b""
+        while chunk := os.read(r, 65536):
+            data += chunk
+        os.close(r)
+        os.waitpid(pid, 0)
+        if lease:
+            lease.release()
+        found = [p for p in data.decode().split("\0") if p]
+        _READABLE[key] = found
+        return found
 
 
 # --------------------------------------------------------------------------- the child
@@ -515,7 +587,7 @@ def _config(mode: str, limits: Limits, runtime: str, sys_path: list[str], drop, 
         "drop": drop,
         # fallback as root: torch and the usual modules are imported before the drop, since
         # `nobody` may not be able to read a Python installed under /root (pyenv)
-        "drop_late": mode == "fallback",
+        "drop_late": mode in ("fallback", "container"),
         "token": token,
         "threads": limits.threads,
         "rlimits": {
@@ -528,7 +600,8 @@ def _config(mode: str, limits: Limits, runtime: str, sys_path: list[str], drop, 
         },
         "nproc": limits.nproc,
         "nproc_relative": mode == "fallback",
-        "subreaper": mode == "fallback",
+        "no_userns": True,  # confine.no_user_namespaces once the child is unprivileged
+        "subreaper": mode in ("fallback", "container"),
     }
 
 
@@ -557,6 +630,7 @@ class Child:
         sys_path = child_sys_path(hidden)
         root = os.geteuid() == 0
         drop = None
+        self.lease = None
         if mode == "bubblewrap":
             home = "/tmp"
             runtime = RUNTIME_DEST
@@ -565,8 +639,12 @@ class Child:
         else:
             home, runtime = workdir, str(stage)
             if root:  # no namespaces, but the student's code must not run as root
-                drop = [NOBODY, NOBODY]
-                os.chown(workdir, NOBODY, NOBODY)
+                uid = NOBODY
+                if mode == "container":  # a uid of its own: every process of it is this child's
+                    self.lease = student_uid()
+                    uid = self.lease.uid if self.lease else NOBODY
+                drop = [uid, uid]
+                os.chown(workdir, uid, uid)
         config = _config(mode, limits, runtime, sys_path, drop, token)
         if data_headroom:
             config["data_headroom"] = int(data_headroom)
@@ -604,8 +682,13 @@ class Child:
             _killpg(self.proc.pid)
         else:
             kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
+        if self.lease is not None:  # whatever escaped the tree (a double fork, a new session)
+            procs.kill_uid(self.lease.uid, self.limits.kill_rounds)
         self.wait(self.limits.kill_wait)
         _close_pipes(self)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def exit_description(self) -> str:
         """Why the child ended, in words."""
@@ -876,12 +959,14 @@ class WarmSandbox(_Controlled):
     The sandbox is a bubblewrap sandbox of its own, or, given a `Zygote` (batch grading as
     root), namespaces of its own forked from the zygote, whose torch is already imported."""
 
-    def __init__(self, limits: Limits, hidden: list[str], workdir: str, zygote: "Zygote | None" = None):
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str, zygote: "Zygote | None" = None,
+                 uid: int = NOBODY):
         import secrets
 
         self.mode = SandboxMode.BUBBLEWRAP
+        self.uid = uid  # (as root: the student's own, see `autograder.uids`)
         sys_path = child_sys_path(hidden)
-        drop = [NOBODY, NOBODY] if os.geteuid() == 0 and not shutil.which("setpriv") else None
+        drop = [uid, uid] if os.geteuid() == 0 and not shutil.which("setpriv") else None
         token = secrets.token_hex(16)
         config = _config("bubblewrap", limits, RUNTIME_DEST, sys_path, drop, token)
         self.exits: dict[int, int] = {}
@@ -890,12 +975,12 @@ class WarmSandbox(_Controlled):
         self.died_shared = False   # it died while more than one chapter was in it
         if zygote is not None:
             def launch(sock_fd, out_fd):
-                return zygote.spawn(token, {**config, **zygote.box_config}, sock_fd, out_fd)
+                return zygote.spawn(token, {**config, **zygote.box_config, "nobody": uid}, sock_fd, out_fd)
         else:
             def launch(sock_fd, out_fd):
                 argv = _python_argv(RUNTIME_DEST, "warm", [str(sock_fd), json.dumps(config)])
                 return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
-                                                  probe_bubblewrap()[2]),
+                                                  probe_bubblewrap()[2], uid=uid),
                                     sock_fd, out_fd, token, workdir)
         super().__init__(limits, launch)
 
@@ -1095,16 +1180,18 @@ class SandboxPool:
         self._workdir = tempfile.mkdtemp(prefix="autograder-sandbox-")
         os.chmod(self._workdir, 0o700)
         self.closed = False
+        self._lease = student_uid()  # this student's own uid (as root), for all their sandboxes
+        self.uid = self._lease.uid if self._lease else NOBODY
 
     def _new(self) -> WarmSandbox:
         box = None
         if self.zygote is not None and self.zygote.usable_now():
             try:
-                box = WarmSandbox(self.limits, self.hidden, self._workdir, self.zygote)
+                box = WarmSandbox(self.limits, self.hidden, self._workdir, self.zygote, self.uid)
             except OSError:  # (SandboxDied) the zygote is gone: a sandbox of its own then
                 box = None
         if box is None:
-            box = WarmSandbox(self.limits, self.hidden, self._workdir)
+            box = WarmSandbox(self.limits, self.hidden, self._workdir, uid=self.uid)
         with self._cond:
             self._boxes.append(box)
         return box
@@ -1116,7 +1203,11 @@ class SandboxPool:
                 self._fresh.add(id(box))
 
     def adopt(self, box: WarmSandbox) -> None:
-        """Take a fresh sandbox (never used by anyone) started elsewhere, e.g. a spare."""
+        """Take a fresh sandbox (never used by anyone) started elsewhere, e.g. a spare (only one
+        that runs as this pool's uid: a uid is one student's)."""
+        if box.uid != self.uid:
+            box.kill()
+            return
         with self._cond:
             self._boxes.append(box)
             self._fresh.add(id(box))
@@ -1180,6 +1271,10 @@ class SandboxPool:
         for box in boxes:
             box.kill()
         shutil.rmtree(self._workdir, ignore_errors=True)
+        if self._lease is not None:
+            procs.kill_uid(self.uid)  # (nothing should be left: the namespaces are gone)
+            self._lease.release()
+            self._lease = None
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -1187,6 +1282,21 @@ class SandboxPool:
     def __exit__(self, *exc) -> bool:
         self.close()
         return False
+
+
+def student_uid():
+    """A `uids.Lease` on a uid of a student's own where the grader is root, else None (the
+    sandbox then runs as the grader's own uid, in a user namespace). OSError when the range is
+    exhausted: `nobody` then, as before (said on stderr)."""
+    if os.geteuid() != 0 or sys.platform != "linux":
+        return None
+    from . import uids
+
+    try:
+        return uids.lease()
+    except OSError as e:
+        print(f"autograder: {e}; this student's code runs as nobody (65534)", file=sys.stderr)
+        return None
 
 
 def time_now() -> float:

@@ -134,6 +134,11 @@ def _prepare(config: dict) -> None:
             except Exception:
                 pass
     _drop(config)
+    if config.get("no_userns") and os.getuid() != 0:
+        from .confine import no_user_namespaces
+
+        if not no_user_namespaces() and config.get("no_userns") == "required":
+            os._exit(72)
     if config.get("subreaper"):  # after the drop: changing credentials clears PDEATHSIG  # the fallback: no PID namespace to do these for us
         _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the student's code stay ours
         _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with the grader

@@ -181,6 +181,9 @@ def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> N
     _loopback_up()
     os.chdir("/tmp")  # the fresh one (the inherited working folder is the zygote's /tmp)
     drop_privileges(int(config["nobody"]))
+    from .confine import no_user_namespaces
+
+    no_user_namespaces()  # (needs no_new_privs, which the drop set)
     # After the drop (changing credentials clears it): die with the process that waits for us;
     # if that one is already gone, the signal never comes, so look before going on.
     _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), "parent-death signal")

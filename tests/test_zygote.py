@@ -14,6 +14,7 @@ import torch
 from autograder import batch
 from autograder.calls import Call
 from autograder.grading import Grader
+from autograder.uids import uid_range
 from autograder.sandbox import (NOBODY, Limits, SandboxMode, SandboxPool, Zygote, _SpawnedBox,
                                 hidden_paths, probe_bubblewrap)
 from autograder.session import StudentSession
@@ -109,7 +110,9 @@ def test_two_students_of_one_zygote_share_nothing(zygote):
             (seen_tmp, seen_shm, seen_proc, connected, uid, init_uid, caps, init_caps, nnp, procs,
              seen_pty) = theirs.outputs[0].tolist()
             assert (seen_tmp, seen_shm, seen_proc, connected, seen_pty) == (0.0,) * 5
-            assert uid == init_uid == NOBODY, "the chapter and its sandbox's init run as nobody"
+            first, last = uid_range()
+            assert uid == init_uid == pool_b.uid != pool_a.uid, "B's chapter and init run as B's own uid"
+            assert first <= pool_a.uid <= last and first <= pool_b.uid <= last
             assert caps == 0.0 and init_caps == 0.0, "no capabilities, none to regain"
             assert nnp == 1.0
             assert procs <= 3, "B's /proc shows B's processes only"
@@ -165,7 +168,7 @@ def test_the_zygote_stays_out_of_reach_of_what_it_starts(zygote):
     with SandboxPool(FAST, zygote=zygote) as pool:
         box = pool.acquire()
         assert box.wait_ready(time.monotonic() + 30) is None
-        assert box.ready.pid == 1 and box.ready.uid == NOBODY
+        assert box.ready.pid == 1 and box.ready.uid == pool.uid != NOBODY
         pool.release(box)
 
 

@@ -48,6 +48,11 @@ PY="${AUTOGRADER_PYTHON:-/opt/grader-venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 export AUTOGRADER_SOLUTIONS="$ROOT/source/solutions"
 export AUTOGRADER_CACHE_DIR="$ROOT/source/reference-cache"
+export AUTOGRADER_HIDE="$ROOT/results"
+# Where there are no namespaces (Docker's default capabilities), the grader runs each student as
+# a uid of its own: the grader, the solutions and the results must be unreadable to it.
+mkdir -p "$ROOT/results"
+chmod -R go-rwx "$ROOT/source" "$ROOT/results" 2>/dev/null || true
 export PYTHONPATH="$ROOT/source${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT/source"
 exec "$PY" -m autograder.integrations.gradescope "$ROOT" __CHAPTERS__

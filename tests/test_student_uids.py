@@ -1,0 +1,139 @@
+"""One uid per student being graded at once (grader as root): what the kernel counts per user
+(processes, keyrings) is each student's own, and no student can make a user namespace.
+
+Two students run at the same time, each in a sandbox pool of their own (as `batch` gives them),
+with and without a zygote.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import pytest
+import torch
+
+from autograder.calls import Call
+from autograder.sandbox import Limits, SandboxMode, SandboxPool, Zygote, hidden_paths, probe_bubblewrap
+from autograder.session import StudentSession
+from autograder.uids import uid_range
+
+ROOT = os.geteuid() == 0
+BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
+pytestmark = pytest.mark.skipif(not (ROOT and BWRAP_OK),
+                                reason="a uid per student is for a grader that runs as root with bubblewrap")
+FAST = Limits(cell_timeout=20.0, call_timeout=20.0, grace=1.0, notebook_timeout=60.0)
+
+
+def call(target, *args):
+    return Call(chapter="t", exercise=target, case="c", target=target, args=list(args))
+
+
+@pytest.fixture(params=["own sandbox", "zygote"])
+def zygote(request, tmp_path):
+    if request.param == "own sandbox":
+        yield None
+        return
+    if not Zygote.usable(SandboxMode.BUBBLEWRAP):
+        pytest.skip("no zygote here")
+    z = Zygote(FAST, hidden_paths(), str(tmp_path))
+    assert z.wait_ready(time.monotonic() + 60) is None
+    yield z
+    z.kill()
+
+
+HOG = '''import os, time, torch
+held = []
+def hold(x):
+    """Fork until the kernel says no, and keep every child."""
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        held.append(pid)
+    return torch.tensor([len(held)])
+'''
+
+THREADS = '''import threading, torch
+def threads(x):
+    ts = [threading.Thread(target=lambda: None) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    torch.set_num_threads(4)
+    return x @ x
+'''
+
+KEYS = '''import ctypes, platform, torch
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+USER_KEYRING, KEYCTL_READ = -4, 11
+def add(x):
+    key = libc.syscall(ADD_KEY, b"user", b"classmate-answer", b"42", 2, USER_KEYRING)
+    return torch.tensor([key > 0])
+def count(x):
+    buf = ctypes.create_string_buffer(4096)
+    n = libc.syscall(KEYCTL, KEYCTL_READ, USER_KEYRING, buf, 4096)
+    return torch.tensor([max(n, 0) // 4])
+'''
+
+USERNS = '''import ctypes, subprocess, torch
+def userns(x):
+    rc = ctypes.CDLL(None, use_errno=True).unshare(0x10000000)
+    shell = subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode
+    return torch.tensor([rc, ctypes.get_errno(), shell])
+'''
+
+
+def test_two_students_have_their_own_uid_process_count_and_keyring(zygote):
+    with SandboxPool(FAST, zygote=zygote) as pool_a, SandboxPool(FAST, zygote=zygote) as pool_b:
+        first, last = uid_range()
+        assert pool_a.uid != pool_b.uid and first <= min(pool_a.uid, pool_b.uid) <= max(pool_a.uid, pool_b.uid) <= last
+        with StudentSession([HOG, KEYS], FAST, sandbox="bubblewrap", sandboxes=pool_a) as a, \
+                StudentSession([THREADS, KEYS], FAST, sandbox="bubblewrap", sandboxes=pool_b) as b:
+            a.start()
+            b.start()
+            held = a.run(call("hold", torch.ones(1)))
+            assert held.error is None and 100 < held.outputs[0].item() <= FAST.nproc
+            x = torch.randn(4, 4, dtype=torch.float64)
+            out = b.run(call("threads", x))  # before: "can't start new thread"
+            assert out.error is None, out.error
+            assert torch.allclose(out.outputs[0], x @ x)
+            added = a.run(call("add", torch.ones(1)))
+            assert added.error is None and added.outputs[0].item(), added.error
+            assert a.run(call("count", torch.ones(1))).outputs[0].item() >= 1
+            assert b.run(call("count", torch.ones(1))).outputs[0].item() == 0  # A's key is not B's
+
+
+def test_no_student_can_make_a_user_namespace(zygote):
+    with SandboxPool(FAST, zygote=zygote) as pool, \
+            StudentSession([USERNS], FAST, sandbox="bubblewrap", sandboxes=pool) as s:
+        s.start()
+        out = s.run(call("userns", torch.ones(1)))
+    assert out.error is None, out.error
+    rc, errno, shell = out.outputs[0].tolist()
+    assert rc == -1 and errno == 1 and shell != 0  # EPERM, both ways
+
+
+def test_a_uid_is_not_handed_out_twice_at_once_and_comes_back_last():
+    from autograder import uids
+
+    a, b = uids.lease(), uids.lease()
+    try:
+        assert a.uid != b.uid
+        first, last = uid_range()
+        size = last - first + 1
+        assert (b.uid - a.uid) % size == 1  # the range is walked in turn
+    finally:
+        a.release()
+        b.release()
+    c = uids.lease()
+    try:
+        assert c.uid not in (a.uid, b.uid)  # released ones come back only after the others
+    finally:
+        c.release()
