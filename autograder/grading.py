@@ -260,12 +260,34 @@ def forbidden_message(ex: Exercise, names) -> str:
             "the computation yourself, so it scores zero.")
 
 
+def _static_inplace(static, notebook, call: Call) -> Mismatch | None:
+    """The in-place change of one of this call's tensor inputs that the notebook's source shows
+    (`static_check`): measured in the grader, so no student code can hide it."""
+    from . import static_check
+
+    if not static or not static.inplace:
+        return None
+    try:
+        receiving = static_check.tensor_params_from_cases([call], notebook).get(call.exercise, {})
+    except Exception:
+        return None
+    for change in static.inplace:
+        if change.param in receiving.get(change.method, set()):
+            return Mismatch("inplace", f"the call modifies its input `{change.param}` in place "
+                            f"({change.describe()}); work on a copy or use out-of-place ops "
+                            "(masked_fill, not masked_fill_).")
+    return None
+
+
 def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
-                   seed: int, quick: bool = False) -> list[TestResult]:
+                   seed: int, quick: bool = False, static=None, notebook=None) -> list[TestResult]:
     """Every test of one exercise; `run` executes a Call on the student's side. A portability
-    case (meta, CUDA) earns credit only where the same case is correct on the CPU."""
+    case (meta, CUDA) earns credit only where the same case is correct on the CPU. `static`:
+    what the notebook's source shows (`static_check.ExerciseFindings` of this exercise, with
+    the parsed `notebook`), where the grader has the source: forbidden built-ins and in-place
+    changes of inputs, which the student's process cannot hide from it."""
     cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
-    tests, forbidden_seen = [], set()
+    tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
     for device in devices:
         share = CPU_SHARE if device == "cpu" else 1 - CPU_SHARE
@@ -281,6 +303,8 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             verdict = judge(ex, c, student, expected)
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch
+            if m is None and device == "cpu":
+                m = _static_inplace(static, notebook, c)
             result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note, used=student.called)
             if m:
                 result.aspect, result.message, result.hint = m.aspect, m.message, m.hint
@@ -302,19 +326,40 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
         tests.append(test)
     if forbidden_seen:
         note = forbidden_message(ex, forbidden_seen)
+        if static and static.forbidden:
+            note += " Found in the notebook: " + "; ".join(f.describe() for f in static.forbidden[:3]) + "."
         for t in tests:
             t.score, t.note = 0.0, note
     return tests
 
 
 def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: list[str], seed: int,
-                  quick: bool = False, exercises: list[str] | None = None) -> list[TestResult]:
+                  quick: bool = False, exercises: list[str] | None = None, cells: list[str] | None = None
+                  ) -> list[TestResult]:
+    """Every exercise of a chapter; with the notebook's `cells`, the static check of its source
+    too (`static_check`)."""
+    static, notebook = _static_findings(chapter, cells, seed, quick)
     tests = []
     for ex in chapter.exercises:
         if exercises is None or ex.name in exercises:
-            tests += grade_exercise(chapter, ex, run, devices, seed, quick)
+            tests += grade_exercise(chapter, ex, run, devices, seed, quick, static.get(ex.name), notebook)
     _point_to_failing_foundations(chapter, tests)
     return tests
+
+
+def _static_findings(chapter: Chapter, cells: list[str] | None, seed: int, quick: bool) -> tuple[dict, object]:
+    """exercise -> `static_check.ExerciseFindings` of the notebook's source, and the parsed
+    notebook ({} and None without cells, or if the check itself fails: it never costs a grade)."""
+    if cells is None:
+        return {}, None
+    from . import static_check
+
+    try:
+        notebook = static_check.parse(cells)
+        calls = [c for ex in chapter.exercises for c in REFERENCES.cases(chapter.id, ex.name, seed, quick)]
+        return static_check.findings(notebook, chapter, static_check.tensor_params_from_cases(calls, notebook)), notebook
+    except Exception:
+        return {}, None
 
 
 # The aspects a wrong prerequisite can cause in the exercise that calls it (not, e.g., its
@@ -407,7 +452,7 @@ class Grader:
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
             run = lambda c: capped.run(c) if c.capped_memory else session.run(c)  # noqa: E731
-            result.tests = grade_chapter(chapter, run, self.devices, self.seed, self.quick)
+            result.tests = grade_chapter(chapter, run, self.devices, self.seed, self.quick, cells=cells)
             defined = set(info.get("defined", []))
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
             if note:

@@ -222,3 +222,41 @@ def test_the_gradescope_image_does_not_install_the_grader(tmp_path):
     installs = [line for line in setup.splitlines() if "pip install" in line]
     assert not any("/autograder/source" in line for line in installs)
     assert all(f'"{d}"' in setup for d in grader_dependencies())
+
+
+FORBIDDEN_UNWATCHED = '''import torch
+import autograder.execute as _E
+_E.WATCHED_OPS = frozenset()        # the dispatch recorder's tables, emptied
+_E.WATCHED_FUNCTIONS = frozenset()
+
+def softmax(x, dim=-1):
+    return torch.softmax(x, dim=dim)
+'''
+
+INPLACE_UNCHECKED = '''import torch
+import autograder.execute as _E
+_E._same = lambda a, b: True        # the in-place check, disabled
+
+def fixed_masked_softmax(scores, mask):
+    scores.masked_fill_(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
+'''
+
+
+@needs_bwrap
+def test_bypassed_recorders_change_no_score(tmp_path):
+    """Before: emptying the forbidden-op table let torch.softmax score full marks in the
+    softmax exercise, and disabling the in-place check took an in-place masked_fill_ on an
+    input to full marks. The grader also reads the notebook's source, where no cell can reach."""
+    one = notebook_with(tmp_path / "bob" / "01_intuition.ipynb", "01_intuition", [FORBIDDEN_UNWATCHED])
+    five = notebook_with(tmp_path / "bob" / "05_masks.ipynb", "05_masks", [INPLACE_UNCHECKED])
+    result = Grader(device="cpu").grade_path(tmp_path / "bob")
+    tests = {(t.chapter, t.exercise, t.device): t for ch in result.chapters for t in ch.tests}
+    softmax = [t for (c, e, d), t in tests.items() if e == "softmax"]
+    assert all(t.score == 0 for t in softmax)
+    assert "ready-made" in softmax[0].note or "softmax" in softmax[0].note
+    assert "cell" in softmax[0].note  # where in the notebook
+    fixed = tests[("05_masks", "fixed_masked_softmax", "cpu")]
+    assert fixed.score < fixed.max_score
+    assert any(c.aspect == "inplace" and "`scores`" in c.message for c in fixed.cases)
+    assert one.exists() and five.exists()
