@@ -23,6 +23,23 @@ def student_folders(class_dir: Path) -> list[Path]:
     return sorted(p for p in class_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def shard_of(student: str, count: int) -> int:
+    """The shard (0 ... count-1) a student belongs to: from a hash of the folder's name alone, so
+    every machine of an array job agrees, and a student added later moves no one else."""
+    import hashlib
+
+    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % count
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"K/N" (1 <= K <= N) -> (K, N); ValueError otherwise."""
+    k, _, n = text.partition("/")
+    k, n = int(k), int(n)
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {text!r}: K/N with 1 <= K <= N")
+    return k, n
+
+
 def class_chapters(grader: Grader, folders: list[Path]) -> list[str]:
     """Every chapter that some student of the class handed in, in contract order: the one
     maximum every student is graded out of when no --chapters are given."""
@@ -95,7 +112,9 @@ def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
             None if grader.sandbox == "auto" else grader.sandbox)[0] == SandboxMode.BUBBLEWRAP:
         zygote = _zygote(grader)
         pool = SandboxPool(grader.limits, zygote=zygote)
-        if zygote is None:
+        # A spare sandbox started during the previous student: only without root, where every
+        # student runs as the grader's own uid (as root each student has a uid of their own).
+        if zygote is None and os.geteuid() != 0:
             if _SPARES is None:
                 import atexit
                 from multiprocessing import util
@@ -109,8 +128,9 @@ def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
             else:
                 pool.prestart()
             _SPARES.prestart(1)  # the next student's, importing while this one is graded
+    deadline = grader.student_deadline()  # (Limits.student_budget for all their chapters)
     try:
-        return [grader.grade_planned(chapter_id, notebook, pool) for chapter_id, notebook in todo]
+        return [grader.grade_planned(chapter_id, notebook, pool, deadline) for chapter_id, notebook in todo]
     finally:
         if pool is not None:
             pool.close()
@@ -164,18 +184,26 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
 
 
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
-                chapters: list[str] | None = None, progress: bool = True) -> dict[str, SubmissionResult]:
-    """Grade every student folder, up to `jobs` students at once. A student is the unit of
-    work: their chapters run one after another in one sandbox of their own, whose warm worker
-    imports torch once and forks a fresh child per chapter."""
+                chapters: list[str] | None = None, progress: bool = True,
+                shard: tuple[int, int] | None = None) -> dict[str, SubmissionResult]:
+    """Grade every student folder (with `shard` (K, N): those of shard K of N, `shard_of`), up
+    to `jobs` students at once. A student is the unit of work: their chapters run one after
+    another in one sandbox of their own, whose warm worker imports torch once and forks a
+    fresh child per chapter. A worker process that dies is replaced and its students graded
+    again (`_run_all`); a student whose grading cannot finish gets `SubmissionResult.error`."""
     class_dir = Path(class_dir)
     start = time.perf_counter()
     folders = student_folders(class_dir)
-    if not chapters:
+    if not chapters:  # (from the whole class, so every shard grades out of the same chapters)
         chapters = class_chapters(grader, folders)
         if progress:
             print(f"grading every student out of chapters {', '.join(chapters) or '(none)'} (every chapter "
                   "any student handed in; a missing notebook scores zero)")
+    if shard is not None:
+        k, n = shard
+        folders = [f for f in folders if shard_of(f.name, n) == k - 1]
+        if progress:
+            print(f"shard {k}/{n}: {len(folders)} students")
     plans: dict[str, tuple[SubmissionResult, list]] = {}
     for folder in folders:
         try:
@@ -185,27 +213,22 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
             r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
             plans[folder.name] = (r, [])
     results: dict[str, SubmissionResult] = {}
-    pool = _worker_pool(grader, jobs, chapters) if jobs > 1 else ThreadPoolExecutor(max_workers=1)
     bar = tqdm(total=len(plans), desc="grading", unit="student", disable=not progress)
-    with pool:
-        futures = {}
-        for name, (result, todo) in plans.items():
-            if todo:
-                futures[pool.submit(_grade_student, grader, todo)] = name
-            else:
-                results[name] = Grader.assemble(result, [], 0.0)
-                bar.update()
-        for fut in as_completed(futures):
-            name = futures[fut]
-            result, todo = plans[name]
-            try:
-                chapter_results = fut.result()
-            except Exception as e:  # a worker process died: this student only is lost
-                chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in todo]
-            results[name] = Grader.assemble(result, chapter_results,
-                                            sum(c.seconds for c in chapter_results))
-            bar.set_postfix_str(name)
+    work = {}
+    for name, (result, todo) in plans.items():
+        if todo:
+            work[name] = todo
+        else:
+            results[name] = Grader.assemble(result, [], 0.0)
             bar.update()
+
+    def done(name: str, chapter_results: list) -> None:
+        result, todo = plans[name]
+        results[name] = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
+        bar.set_postfix_str(name)
+        bar.update()
+
+    _run_all(grader, work, jobs, chapters, done)
     bar.close()
     if out_dir:
         out = Path(out_dir)
@@ -219,6 +242,48 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     return dict(sorted(results.items()))
 
 
+MAX_ROUNDS = 3  # times a student is graded again after a worker process died under them
+
+
+def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
+    """Grade every student of `work` (name -> plan), calling `done(name, chapter_results)` for
+    each. A worker process that dies breaks its whole pool (every student still pending in it
+    fails with BrokenProcessPool, whoever killed it): the pool is replaced and the students it
+    had not finished are graded again. From the second round on they are graded one at a time
+    in a worker of their own, so a student who kills their worker again costs no one else; after
+    MAX_ROUNDS such rounds, a student's chapters are grader errors (`error` in the CSV)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    pending, rounds = dict(work), 0
+    while pending:
+        solo = rounds > 0
+        batches = [[name] for name in pending] if solo else [list(pending)]
+        failed: dict[str, BaseException] = {}
+        for names in batches:
+            size = 1 if solo else jobs
+            pool = _worker_pool(grader, size, chapters) if size > 1 or solo and jobs > 1 \
+                else ThreadPoolExecutor(max_workers=1)
+            with pool:
+                futures = {pool.submit(_grade_student, grader, pending[n]): n for n in names}
+                for fut in as_completed(futures):
+                    name = futures[fut]
+                    try:
+                        chapter_results = fut.result()
+                    except BrokenProcessPool as e:  # a worker died: graded again, below
+                        failed[name] = e
+                        continue
+                    except Exception as e:  # the grader failed on this student: their error
+                        chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in pending[name]]
+                    done(name, chapter_results)
+        rounds += 1
+        pending = {n: pending[n] for n in failed}
+        if rounds >= MAX_ROUNDS:
+            for name, e in failed.items():
+                why = RuntimeError(f"the grading worker died {rounds} times while grading this student ({e})")
+                done(name, [grader.failed_chapter(c, nb, why) for c, nb in pending[name]])
+            return
+
+
 def write_csv(results: dict[str, SubmissionResult], path) -> None:
     """One row per student: total, maximum, each chapter's score (`missing` where no notebook
     was handed in), notes."""
@@ -229,9 +294,57 @@ def write_csv(results: dict[str, SubmissionResult], path) -> None:
         w.writerow(["student", "score", "max_score"] + chapters + ["notes"])
         for name, r in sorted(results.items()):
             by = {ch.chapter: ch for ch in r.chapters}
+            if r.error:  # not a grade: never a silent zero
+                notes = r.notes + [f"error: grading could not finish ({r.error})"]
+                w.writerow([name, "error", f"{r.max_score:.4g}"]
+                           + ["error" if by.get(c) is not None and by[c].error else _chapter_cell(by.get(c))
+                              for c in chapters] + [json.dumps(notes)])
+                continue
             w.writerow([name, f"{r.score:.4g}", f"{r.max_score:.4g}"]
                        + [_chapter_cell(by.get(c)) for c in chapters]
                        + [json.dumps(r.notes) if r.notes else ""])
+
+
+def merge_csvs(paths: list, out) -> int:
+    """Join the CSVs of a class graded in shards (`batch --shard K/N`) into one, as one batch
+    would have written it: the same header (the shards must grade the same chapters), every
+    student's row once, sorted by student. Returns the number of students; ValueError if the
+    headers differ or a student appears twice."""
+    header, rows = None, {}
+    for path in paths:
+        with open(path, newline="") as f:
+            lines = list(csv.reader(f))
+        if not lines:
+            raise ValueError(f"{path}: empty")
+        if header is None:
+            header = lines[0]
+        elif lines[0] != header:
+            raise ValueError(f"{path}: its columns differ from {paths[0]}'s (grade every shard with the "
+                             "same --chapters, or let batch take them from the whole class)")
+        for row in lines[1:]:
+            if row[0] in rows:
+                raise ValueError(f"{path}: student {row[0]!r} is in two shards")
+            rows[row[0]] = row
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for name in sorted(rows):
+            w.writerow(rows[name])
+    return len(rows)
+
+
+def merge_reports(folders: list, out) -> int:
+    """Copy the per-student report folders of every shard (`batch --out`) into one."""
+    count = 0
+    for folder in folders:
+        for student in sorted(Path(folder).iterdir()):
+            if student.is_dir():
+                if (Path(out) / student.name).exists():
+                    raise ValueError(f"{student}: student {student.name!r} is in two shards")
+                shutil.copytree(student, Path(out) / student.name)
+                count += 1
+    return count
 
 
 def _chapter_cell(ch: ChapterResult | None) -> str:

@@ -44,6 +44,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="input seed (default: $AUTOGRADER_SEED or built in)")
 
 
+def _shard(text: str) -> tuple[int, int]:
+    from .batch import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N with 1 <= K <= N, e.g. 3/8") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m autograder",
@@ -69,7 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="notebooks graded at once, in worker processes; set it to the number of CPU cores "
                         "(default: 1)")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    b.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                   help="grade shard K of N of the class (a deterministic share, by a hash of each student "
+                        "folder's name; the chapters come from the whole class): one task of a SLURM array "
+                        "or a Kubernetes indexed Job. Join the shards with `merge`.")
     _common(b)
+
+    m = sub.add_parser("merge", help="join the CSVs (and report folders) of a class graded in shards",
+                       description="Join the grades CSVs that `batch --shard K/N` wrote into one, as one "
+                                   "batch of the whole class would have written it; with --reports, copy "
+                                   "the shards' per-student report folders into --out.")
+    m.add_argument("csvs", type=Path, nargs="+", metavar="SHARD_CSV")
+    m.add_argument("--csv", type=Path, required=True, help="the merged grades CSV to write")
+    m.add_argument("--reports", type=Path, nargs="*", default=[], metavar="SHARD_OUT",
+                   help="the shards' --out folders")
+    m.add_argument("--out", type=Path, default=None, help="folder for the merged per-student reports")
 
     z = sub.add_parser("gradescope-zip", help="write the Gradescope autograder zip",
                        description="Write autograder.zip (setup.sh, run_autograder, the grader and the "
@@ -88,6 +111,20 @@ def main(argv: list[str] | None = None) -> int:
         from .selfcheck import DATA, write_fixtures
         write_fixtures()
         print(f"wrote {DATA}")
+        return 0
+    if args.command == "merge":
+        from .batch import merge_csvs, merge_reports
+        try:
+            n = merge_csvs(args.csvs, args.csv)
+            if args.reports:
+                if args.out is None:
+                    print("error: --reports needs --out", file=sys.stderr)
+                    return 2
+                merge_reports(args.reports, args.out)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.csv} ({n} students from {len(args.csvs)} shards)")
         return 0
     if args.command == "gradescope-zip":
         from .integrations.gradescope import build_zip
@@ -169,7 +206,12 @@ def _run(args, grader, sandboxes, references) -> int:
             print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
             return 2
         results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
-                              chapters=args.chapters, progress=not args.no_progress)
+                              chapters=args.chapters, progress=not args.no_progress, shard=args.shard)
         print(f"wrote {args.csv} ({len(results)} students)")
+        failed = sorted(name for name, r in results.items() if r.error)
+        if failed:
+            print(f"error: grading could not finish for {len(failed)} student(s): {', '.join(failed[:10])} "
+                  "(`error` in the CSV; grade them again)", file=sys.stderr)
+            return 4
         return 0
     return 2

@@ -431,7 +431,8 @@ class Grader:
         self.quick = quick
 
     # -- one notebook -------------------------------------------------------------------------
-    def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None) -> ChapterResult:
+    def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None
+                       ) -> ChapterResult:
         from .notebook import NotebookError, notebook_cells
         from .session import StudentSession
 
@@ -445,8 +446,8 @@ class Grader:
             result.seconds = time.perf_counter() - start
             return result
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox,
-                            sandboxes=sandboxes) as session, \
-                _CappedRunner(cells, self.limits, self.sandbox, sandboxes) as capped:
+                            sandboxes=sandboxes, deadline=deadline) as session, \
+                _CappedRunner(cells, self.limits, self.sandbox, sandboxes, deadline) as capped:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
@@ -503,14 +504,28 @@ class Grader:
             result.notes.append("no chapter notebook found.")
         return result, [(c, found.get(c)) for c in wanted]
 
-    def grade_planned(self, chapter_id: str, notebook: Path | None, sandboxes=None) -> ChapterResult:
+    def student_deadline(self) -> float:
+        """When the budget of a student whose grading starts now runs out (time.monotonic)."""
+        from .sandbox import Limits
+
+        return time.monotonic() + (self.limits or Limits.from_env()).student_budget
+
+    def grade_planned(self, chapter_id: str, notebook: Path | None, sandboxes=None,
+                      deadline: float | None = None) -> ChapterResult:
         """One chapter of a plan. Never raises: a grader fault zeroes this chapter only.
-        sandboxes: the student's `sandbox.SandboxPool` (warm sandboxes), if any."""
+        sandboxes: the student's `sandbox.SandboxPool` (warm sandboxes), if any; deadline: when
+        the student's time budget runs out (`student_deadline`)."""
         ch = CHAPTERS[chapter_id]
         if notebook is None:
             return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
+        if deadline is not None and time.monotonic() >= deadline:
+            from .sandbox import Limits
+            from .session import budget_message
+
+            why = budget_message(self.limits or Limits.from_env())
+            return ChapterResult(chapter_id, str(notebook), zero_chapter(ch, self.devices, why), notes=[why])
         try:
-            return self.grade_notebook(notebook, ch, sandboxes)
+            return self.grade_notebook(notebook, ch, sandboxes, deadline)
         except Exception as e:
             return self.failed_chapter(chapter_id, notebook, e)
 
@@ -519,7 +534,7 @@ class Grader:
         why = f"{type(error).__name__}: {error}"
         return ChapterResult(chapter_id, str(notebook) if notebook else None,
                              zero_chapter(CHAPTERS[chapter_id], self.devices, f"grader error: {why}"),
-                             notes=[f"internal grader error ({why}); please report it"])
+                             notes=[f"internal grader error ({why}); please report it"], error=why)
 
     @staticmethod
     def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:
@@ -543,12 +558,14 @@ class Grader:
                 == SandboxMode.BUBBLEWRAP:
             sandboxes = own = SandboxPool(self.limits, size=jobs)
         submitted = [ch for ch, notebook in todo if notebook is not None]
+        deadline = self.student_deadline()
         try:
             with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
                 # Later chapters first: they build on the earlier ones and take longest, so
                 # the short ones fill in at the end instead of one long chapter running alone.
-                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes), todo[::-1]))[::-1]
+                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline),
+                                     todo[::-1]))[::-1]
         finally:
             if own is not None:
                 own.close()
@@ -559,16 +576,16 @@ class _CappedRunner:
     """The memory cases' own session (`Call.capped_memory`): the same notebook in a child whose
     memory the kernel caps, started at the first such case."""
 
-    def __init__(self, cells, limits, sandbox, sandboxes):
-        self.args, self.session = (cells, limits, sandbox, sandboxes), None
+    def __init__(self, cells, limits, sandbox, sandboxes, deadline=None):
+        self.args, self.session = (cells, limits, sandbox, sandboxes, deadline), None
 
     def run(self, call: Call) -> Outcome:
         from .session import StudentSession
 
         if self.session is None:
-            cells, limits, sandbox, sandboxes = self.args
+            cells, limits, sandbox, sandboxes, deadline = self.args
             self.session = StudentSession(cells, limits=limits, sandbox=sandbox, sandboxes=sandboxes,
-                                          memory_capped=True)
+                                          memory_capped=True, deadline=deadline)
         # blocks in Python over 2^27 scores: more work than any other case, so more time
         return self.session.run(call, timeout=3 * self.session.limits.call_timeout)
 

@@ -66,6 +66,7 @@ class ChapterResult:
     output: str = ""                             # the notebook's captured output (capped)
     seconds: float = 0.0
     sandbox: SandboxMode | None = None           # how the notebook ran (None: it did not run)
+    error: str | None = None                     # why its grading could not finish (a grader fault)
 
     @property
     def score(self) -> float:
@@ -83,6 +84,12 @@ class SubmissionResult:
     notes: list = field(default_factory=list)
     seconds: float = 0.0
     sandbox: SandboxMode | None = None           # the weakest mode any chapter ran in
+
+    @property
+    def error(self) -> str | None:
+        """Why grading could not finish for this student (None: it did): the score is then not
+        a grade, and class grading says `error`, never a silent zero."""
+        return next((c.error for c in self.chapters if c.error), None)
 
     @property
     def score(self) -> float:

@@ -94,6 +94,8 @@ class Limits:
     cell_timeout: float = 10.0          # seconds for one top-level cell
     call_timeout: float = 10.0          # seconds for one graded call
     notebook_timeout: float = 120.0     # seconds for all cells together (start-up of a session)
+    student_budget: float = 300.0       # seconds of grading for one student's whole submission:
+                                        # what is left when it runs out scores zero, said so
     startup_timeout: float = 60.0       # seconds for the child to start (Python + torch import)
     grace: float = 2.0                  # after a timeout the child interrupts itself; this long
                                         # later the parent kills it (student code that swallows

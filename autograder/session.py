@@ -69,11 +69,13 @@ class StudentSession:
     """
 
     def __init__(self, cells: list[str], limits: Limits | None = None, sandbox: str = "auto",
-                 hide=(), sandboxes: SandboxPool | None = None, memory_capped: bool = False):
+                 hide=(), sandboxes: SandboxPool | None = None, memory_capped: bool = False,
+                 deadline: float | None = None):
         self.cells = [c if isinstance(c, str) else "" for c in cells]
         self.limits = limits or Limits.from_env()
         # memory cases: every child's RLIMIT_DATA is limits.memory_case above its start
         self._headroom = self.limits.memory_case if memory_capped else 0
+        self.deadline = deadline  # time.monotonic() at which the student's budget runs out
         requested = None if sandbox == "auto" else sandbox
         self.mode, self.note = choose_mode(requested)
         self._hidden = hidden_paths(hide)
@@ -141,8 +143,9 @@ class StudentSession:
                 if error:
                     break
                 began = time.monotonic()
+                end = began + max(0.0, self.limits.notebook_timeout - used)
                 result = self._run_cells(report, captures, budget,
-                                         began + max(0.0, self.limits.notebook_timeout - used))
+                                         end if self.deadline is None else min(end, self.deadline))
                 used += time.monotonic() - began
                 if result == "done":
                     break
@@ -171,6 +174,11 @@ class StudentSession:
         """Run one Call in the child. Never raises: a hang, a crash or malformed data from the
         child becomes an Outcome with error type "Timeout" or "Crash"."""
         with self._lock:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    return Outcome.failure("Timeout", budget_message(self.limits))
+                timeout = min(timeout if timeout is not None else self.limits.call_timeout, left)
             try:
                 return self._run(call, timeout)
             except Exception as e:  # a bug here must not stop the grading of the others
@@ -392,12 +400,14 @@ class StudentSession:
             return None
         used = 0.0
         for _attempt in range(len(self.cells) + 2):
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                return budget_message(self.limits)
             error = self._spawn()
             if error:
                 return error
             began = time.monotonic()
-            done = self._run_cells(None, {}, None,
-                                   began + max(0.0, self.limits.notebook_timeout - used))
+            end = began + max(0.0, self.limits.notebook_timeout - used)
+            done = self._run_cells(None, {}, None, end if self.deadline is None else min(end, self.deadline))
             used += time.monotonic() - began
             if done == "done":
                 return None
@@ -417,6 +427,8 @@ class StudentSession:
             return Outcome.failure("Crash", f"the notebook could not be run: {self._start_error}")
         error = self._ensure_child()
         if error:
+            if error == budget_message(self.limits):
+                return Outcome.failure("Timeout", error)
             return Outcome.failure("Crash", f"the notebook could not be run again after a crash: "
                                    f"{error}")
         timeout = float(timeout if timeout is not None else self.limits.call_timeout)
@@ -475,6 +487,11 @@ class StudentSession:
             self._channel.drain_output(self.limits.drain_cap)
         self.last_output = capture.text()
         return outcome
+
+
+def budget_message(limits: Limits) -> str:
+    return (f"not graded: this student's time budget ({limits.student_budget:g} s of grading for the whole "
+            "submission, AUTOGRADER_STUDENT_BUDGET) ran out")
 
 
 def _cell_message(entry: dict) -> str:

@@ -1,0 +1,145 @@
+"""Class grading that loses nothing: a time budget per student, a worker that dies mid-batch,
+and a class split into shards on several machines and merged back."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.grading import Grader
+from autograder.sandbox import Limits
+
+REPO = Path(__file__).resolve().parent.parent
+
+EXITER = '''import os, time
+time.sleep(3.0)  # a slow notebook: each re-run costs 3 s (12 re-runs without a budget)
+
+def causal_mask(seq_len, device=None):
+    os._exit(0)
+
+def padding_mask(tokens, pad_id=0):
+    os._exit(0)
+
+def decoder_mask(tokens, pad_id=0):
+    os._exit(0)
+'''
+
+
+def _student(folder: Path, chapter: str, extra: list[str] | None = None, solution: bool = False) -> Path:
+    nb = nbformat.read(REPO / ("solutions" if solution else "exercises") / f"{chapter}.ipynb", as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in extra or []]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / f"{chapter}.ipynb")
+    return folder
+
+
+def test_a_notebook_that_exits_in_every_call_stays_within_the_student_budget(tmp_path):
+    """Every graded call kills the child, so every call re-runs the notebook (before: 270 s for
+    one 13-point chapter). The budget bounds the whole student; what is left scores zero."""
+    alice = _student(tmp_path / "alice", "05_masks", [EXITER])
+    grader = Grader(device="cpu", limits=Limits.from_env(student_budget=12.0, cell_timeout=5.0,
+                                                         call_timeout=5.0, grace=1.0))
+    t0 = time.monotonic()
+    result = grader.grade_path(alice)
+    seconds = time.monotonic() - t0
+    assert seconds < 12.0 + 15.0, seconds  # the budget, plus one call's grace and the clean-up
+    assert result.score == 0.0
+    messages = [c.message for ch in result.chapters for t in ch.tests for c in t.cases]
+    assert any("time budget" in m for m in messages)
+
+
+def _batch(*args, cwd=None, timeout=900):
+    return subprocess.run([sys.executable, "-m", "autograder", "batch", *map(str, args), "--no-progress",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def _class(tmp_path: Path, names: dict) -> Path:
+    """names: student -> "solution" | "stub" | list of extra cells on the stub."""
+    klass = tmp_path / "class"
+    for name, kind in names.items():
+        _student(klass / name, "05_masks", kind if isinstance(kind, list) else None, solution=kind == "solution")
+    return klass
+
+
+def test_two_shards_merged_equal_one_batch(tmp_path):
+    from autograder.batch import shard_of
+
+    names = {f"student{i:02d}": ("solution" if i % 2 else "stub") for i in range(8)}
+    assert {shard_of(n, 2) for n in names} == {0, 1}, "both shards have students"
+    klass = _class(tmp_path, names)
+    whole = _batch(klass, "--jobs", "1", "--csv", tmp_path / "whole.csv")
+    assert whole.returncode == 0, whole.stderr
+    for k in (1, 2):
+        r = _batch(klass, "--jobs", "1", "--shard", f"{k}/2", "--csv", tmp_path / f"shard{k}.csv",
+                   "--out", tmp_path / f"reports{k}")
+        assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "autograder", "merge", tmp_path / "shard1.csv", tmp_path / "shard2.csv",
+                        "--csv", tmp_path / "merged.csv", "--reports", tmp_path / "reports1", tmp_path / "reports2",
+                        "--out", tmp_path / "reports"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "merged.csv").read_text() == (tmp_path / "whole.csv").read_text()
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == sorted(names)
+    shard_rows = [len((tmp_path / f"shard{k}.csv").read_text().splitlines()) - 1 for k in (1, 2)]
+    assert sum(shard_rows) == 8 and min(shard_rows) > 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                    out.append(int(entry))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def test_a_worker_killed_in_the_middle_of_a_batch_loses_no_student(tmp_path):
+    """Before: one worker's death failed every student still pending in its pool, written to
+    the CSV as 0 ("internal grader error")."""
+    slow = ["import time\ntime.sleep(4)\n"]
+    names = {"ann": "solution", "ben": slow, "cat": "solution", "dan": "stub", "eve": "solution"}
+    klass = _class(tmp_path, names)
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", "batch", str(klass), "--jobs", "2",
+                             "--no-progress", "--device", "cpu", "--csv", str(tmp_path / "grades.csv")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    deadline = time.monotonic() + 240
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        for server in _children(proc.pid):
+            for worker in _children(server):
+                if _children(worker):  # grading a student (its sandbox is up)
+                    os.kill(worker, 9)
+                    killed = worker
+                    break
+            if killed:
+                break
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=600)
+    assert killed is not None, "a worker was seen at work and killed"
+    assert proc.returncode == 0, err
+    rows = {line.split(",")[0]: line.split(",")[1] for line in (tmp_path / "grades.csv").read_text().splitlines()[1:]}
+    assert rows == {"ann": "13", "ben": "0", "cat": "13", "dan": "0", "eve": "13"}, (rows, err)
+
+
+def test_a_student_whose_grading_could_not_finish_is_an_error_not_a_zero(tmp_path):
+    from autograder.batch import write_csv
+    from autograder.contract import CHAPTERS
+    from autograder.grading import zero_chapter
+    from autograder.results import ChapterResult, SubmissionResult
+
+    grader = Grader(device="cpu")
+    lost = grader.failed_chapter("05_masks", tmp_path / "05_masks.ipynb", RuntimeError("worker died 3 times"))
+    ok = ChapterResult("05_masks", "x.ipynb", zero_chapter(CHAPTERS["05_masks"], ["cpu", "meta"], "stub"))
+    write_csv({"amy": SubmissionResult("amy", [lost]), "bob": SubmissionResult("bob", [ok])}, tmp_path / "g.csv")
+    lines = (tmp_path / "g.csv").read_text().splitlines()
+    assert lines[1].startswith("amy,error,13,error,") and "worker died 3 times" in lines[1]
+    assert lines[2].startswith("bob,0,13,0,")
