@@ -108,7 +108,7 @@ class Limits:
     nofile: int = 256                   # open file descriptors
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
-    memory_case: int = 512 * MiB        # memory cases (Call.memory_cap) run in a child of their
+    memory_case: int = 256 * MiB        # memory cases (Call.capped_memory) run in a child of their
                                         # own that may allocate this much beyond what it holds
                                         # at its start (hard RLIMIT_DATA, set before any student
                                         # code runs: the kernel, not the student, enforces it)

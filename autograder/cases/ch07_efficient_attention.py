@@ -51,18 +51,18 @@ def _online_cases(gen, quick):
     if quick:
         return cs
     # The grader scores memory where the student's process cannot reach: these calls run in a
-    # child whose memory the kernel caps (Limits.memory_case, 512 MiB by default) below the
-    # score matrix of all keys (2^27 entries: 1 GiB in float64, 512 MiB even in float32), while
-    # the blocks' own scores (16-32 MiB) fit easily. (The self-check's recorder case above is
+    # child whose memory the kernel caps (Limits.memory_case, 256 MiB by default) below the
+    # score matrix of all keys (2^26 entries: 512 MiB in float64, 256 MiB even in float32),
+    # while the blocks' own scores (16 MiB) fit easily. (The self-check's recorder case above is
     # a diagnosis in the student's own process; the grader does not run it.)
     padding = torch.rand(1, 131072, generator=gen) > 0.1
     cs = [c for c in cs if not c.measure_memory]
     return cs + [
-        call("memory: L_q=512, L_k=262144 in blocks of 4096, memory capped below the L_q x L_k "
-             "score matrix", randn(gen, 512, 2), randn(gen, 262144, 2), randn(gen, 262144, 2),
+        call("memory: L_q=512, L_k=131072 in blocks of 4096, memory capped below the L_q x L_k "
+             "score matrix", randn(gen, 512, 2), randn(gen, 131072, 2), randn(gen, 131072, 2),
              kwargs={"block_size": 4096}, capped_memory=True),
-        call("memory: batch (2,), L_q=512, L_k=131072 in blocks of 4096, padding mask (1, L_k), memory capped "
-             "below the L_q x L_k score matrix", randn(gen, 2, 512, 2), randn(gen, 2, 131072, 2),
+        call("memory: batch (2,), L_q=256, L_k=131072 in blocks of 4096, padding mask (1, L_k), memory "
+             "capped below the L_q x L_k score matrix", randn(gen, 2, 256, 2), randn(gen, 2, 131072, 2),
              randn(gen, 2, 131072, 2), kwargs={"mask": padding, "block_size": 4096}, capped_memory=True),
         call("block_size=16 larger than L_k=6, unbatched (gradients too)",
              randn(gen, 4, 3), randn(gen, 6, 3), randn(gen, 6, 2), kwargs={"block_size": 16}, grad=g),
