@@ -108,7 +108,7 @@ class Limits:
     nofile: int = 256                   # open file descriptors
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
-    memory_case: int = 256 * MiB        # memory cases (Call.capped_memory) run in a child of their
+    memory_case: int = 192 * MiB        # memory cases (Call.capped_memory) run in a child of their
                                         # own that may allocate this much beyond what it holds
                                         # at its start (hard RLIMIT_DATA, set before any student
                                         # code runs: the kernel, not the student, enforces it)
@@ -1207,11 +1207,14 @@ class SandboxPool:
                     return box
         return None
 
-    def acquire(self) -> WarmSandbox:
-        """A sandbox with room for one more chapter (waiting for one being reset)."""
+    def acquire(self, companion: bool = False) -> WarmSandbox:
+        """A sandbox with room for one more chapter (waiting for one being reset). A
+        `companion` (a chapter's memory cases, run beside the chapter itself) may take one
+        place more than the pool's size: it would otherwise start a sandbox, and import torch,
+        of its own."""
         with self._cond:
             while True:
-                room = self.size if self.sharing else 1
+                room = (self.size if self.sharing else 1) + (1 if companion else 0)
                 alive = [b for b in self._boxes if b.alive() or b.users]
                 usable = [b for b in alive if not b.resetting and b.users < room and b.alive()]
                 if usable:

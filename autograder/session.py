@@ -243,7 +243,7 @@ class StudentSession:
             self._pool.release(self._box)  # killed by what the student did: start a new one
             self._box = None
         if self._box is None:
-            self._box = self._pool.acquire()
+            self._box = self._pool.acquire(companion=bool(self._headroom))
         why = self._box.wait_ready(deadline)
         if why:
             self._pool.release(self._box)

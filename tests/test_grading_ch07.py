@@ -199,7 +199,7 @@ def test_the_reference_stays_within_the_memory_limit_that_a_full_matrix_exceeds(
     memory = [dataclasses.replace(c, measure_memory=True)
               for c in REFERENCES.cases(CH, "online_softmax_attention", GRADER.seed, False) if c.capped_memory]
     memory += [c for c in REFERENCES.cases(CH, "online_softmax_attention", GRADER.seed, True) if c.measure_memory]
-    assert len(memory) >= 3
+    assert len(memory) >= 2
     for c in memory:
         mine, theirs = execute(ref, c), execute(full, c)
         limit = memory_limit(c, mine)
