@@ -198,7 +198,8 @@ def expected_error_credible(error: dict, expected: str, cells: list[str], target
     if frame is None or not traceback_in_source(error, cells):
         return False
     _, text = frame
-    if not (text.startswith("raise ") and re.search(rf"\b{re.escape(type_name)}\b", text)):
+    # (a `raise` anywhere on the line: `if h % n: raise ValueError(...)` is a raise too)
+    if not (re.search(r"\braise\b", text) and re.search(rf"\b{re.escape(type_name)}\b", text)):
         return False
     if not _is_a(type_name, expected, _notebook_classes(cells)):
         return False

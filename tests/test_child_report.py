@@ -34,3 +34,26 @@ def test_long_strings_are_capped_and_errors_are_plain():
     assert len(out.error["type"]) <= 20_000 and out.error["message"] == ""
     assert len(out.returned) <= 502
     assert plain_error("a string") == {"type": "Error", "message": "(unreadable error)", "where": ""}
+
+
+def test_a_required_error_is_believed_only_from_a_raise_in_the_graded_code():
+    from autograder.child_report import expected_error_credible
+
+    cells = ["import torch\n",
+             "class Heads:\n    def __init__(self, e, h):\n        if e % h: raise ValueError('no')\n",
+             "class MyError(ValueError):\n    pass\n\ndef f(x):\n    raise MyError('bad x')\n\n"
+             "def g():\n    raise ValueError('forged')\n"]
+    own = {"type": "ValueError", "message": "no", "where": "<cell 2>, line 3, in __init__: if e % h: raise ValueError('no')"}
+    assert expected_error_credible(own, "ValueError", cells, "Heads")
+    sub = {"type": "MyError", "message": "bad x", "where": "<cell 3>, line 5, in f: raise MyError('bad x')"}
+    assert expected_error_credible(sub, "ValueError", cells, "f")
+    # a real raise line, but outside the graded function: a forged claim
+    elsewhere = {"type": "ValueError", "message": "", "where": "<cell 3>, line 8, in g: raise ValueError('forged')"}
+    assert not expected_error_credible(elsewhere, "ValueError", cells, "Heads")
+    # a line the notebook does not have
+    invented = {"type": "ValueError", "message": "", "where": "<cell 2>, line 3, in __init__: raise ValueError('x')"}
+    assert not expected_error_credible(invented, "ValueError", cells, "Heads")
+    # the stub's own raise, claimed as a ValueError: the class is judged from Python's, not the claim
+    stub = {"type": "NotImplementedError", "mro": ["NotImplementedError", "ValueError"], "message": "",
+            "where": "<cell 3>, line 5, in f: raise MyError('bad x')"}
+    assert not expected_error_credible(stub, "ValueError", cells, "f")
