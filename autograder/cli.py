@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chapters the assignment grades (missing notebooks score zero)")
 
     sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
+
+    from . import lms_import  # (light: the standard library and the contract, no torch)
+    i = sub.add_parser("import", help="import a Canvas, Moodle or Gradescope submissions download (one folder "
+                                      "per student, for batch)",
+                       description=lms_import.build_parser().description, epilog=lms_import.build_parser().epilog)
+    lms_import.add_arguments(i)  # SOURCE DEST [--lms auto|canvas|moodle|gradescope] [--force] [--dry-run]
     return parser
 
 
@@ -112,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         write_fixtures()
         print(f"wrote {DATA}")
         return 0
+    if args.command == "import":
+        from .lms_import import run
+        return run(args)
     if args.command == "merge":
         from .batch import merge_csvs, merge_reports
         try:
@@ -208,6 +217,10 @@ def _run(args, grader, sandboxes, references) -> int:
         results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
                               chapters=args.chapters, progress=not args.no_progress, shard=args.shard)
         print(f"wrote {args.csv} ({len(results)} students)")
+        if not any(ch.notebook for r in results.values() for ch in r.chapters):
+            print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
+                  "(an LMS download? `python -m autograder import` makes one folder per student)", file=sys.stderr)
+            return 2
         failed = sorted(name for name, r in results.items() if r.error)
         if failed:
             print(f"error: grading could not finish for {len(failed)} student(s): {', '.join(failed[:10])} "

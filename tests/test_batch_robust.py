@@ -143,3 +143,12 @@ def test_a_student_whose_grading_could_not_finish_is_an_error_not_a_zero(tmp_pat
     lines = (tmp_path / "g.csv").read_text().splitlines()
     assert lines[1].startswith("amy,error,13,error,") and "worker died 3 times" in lines[1]
     assert lines[2].startswith("bob,0,13,0,")
+
+
+def test_batch_on_nothing_gradable_exits_non_zero(tmp_path):
+    """Before: an LMS's flat download (every file in one folder) graded 0 students and exited 0."""
+    flat = tmp_path / "download"
+    (flat / "someone").mkdir(parents=True)
+    (flat / "someone" / "notes.pdf").write_bytes(b"%PDF-1.4")
+    r = _batch(flat, "--jobs", "1", "--csv", tmp_path / "g.csv")
+    assert r.returncode == 2 and "nothing gradable" in r.stderr and "autograder import" in r.stderr
