@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import time
@@ -14,9 +13,10 @@ from tqdm import tqdm
 from . import forkserver
 from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
-from .report import gradescope, html
+from .report import gradebook, gradescope, html
 from .results import ChapterResult, SubmissionResult
 from .sandbox import SandboxMode, SandboxPool, choose_mode
+from .untrusted_text import printable
 
 
 def student_folders(class_dir: Path) -> list[Path]:
@@ -225,7 +225,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     def done(name: str, chapter_results: list) -> None:
         result, todo = plans[name]
         results[name] = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
-        bar.set_postfix_str(name)
+        bar.set_postfix_str(printable(name))  # (a folder's name is the student's text)
         bar.update()
 
     _run_all(grader, work, jobs, chapters, done)
@@ -236,7 +236,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
             gradescope.write(r, out / name / "results.json")
             html.write(r, out / name / "feedback.html")
     if csv_path:
-        write_csv(results, csv_path)
+        write_csv(results, csv_path, class_dir)
     if progress:
         print(f"graded {len(results)} submissions in {time.perf_counter() - start:.1f} s with --jobs {jobs}")
     return dict(sorted(results.items()))
@@ -284,25 +284,12 @@ def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
             return
 
 
-def write_csv(results: dict[str, SubmissionResult], path) -> None:
-    """One row per student: total, maximum, each chapter's score (`missing` where no notebook
-    was handed in), notes."""
-    chapters = [c for c in CHAPTERS if any(ch.chapter == c for r in results.values() for ch in r.chapters)]
+def write_csv(results: dict[str, SubmissionResult], path, class_dir=None) -> None:
+    """The gradebook CSV (`report.gradebook`: Canvas's import format, documented in the README),
+    every cell through `untrusted_text.printable`: names, notes and file names are the students'."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "score", "max_score"] + chapters + ["notes"])
-        for name, r in sorted(results.items()):
-            by = {ch.chapter: ch for ch in r.chapters}
-            if r.error:  # not a grade: never a silent zero
-                notes = r.notes + [f"error: grading could not finish ({r.error})"]
-                w.writerow([name, "error", f"{r.max_score:.4g}"]
-                           + ["error" if by.get(c) is not None and by[c].error else _chapter_cell(by.get(c))
-                              for c in chapters] + [json.dumps(notes)])
-                continue
-            w.writerow([name, f"{r.score:.4g}", f"{r.max_score:.4g}"]
-                       + [_chapter_cell(by.get(c)) for c in chapters]
-                       + [json.dumps(r.notes) if r.notes else ""])
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([printable(str(c)) for c in row] for row in gradebook.rows(results, class_dir))
 
 
 def merge_csvs(paths: list, out) -> int:
@@ -316,19 +303,21 @@ def merge_csvs(paths: list, out) -> int:
             lines = list(csv.reader(f))
         if not lines:
             raise ValueError(f"{path}: empty")
+        head = [row for row in lines[:2] if row and (row is lines[0] or row[0] == gradebook.POINTS_POSSIBLE)]
         if header is None:
-            header = lines[0]
-        elif lines[0] != header:
+            header = head
+        elif head != header:
             raise ValueError(f"{path}: its columns differ from {paths[0]}'s (grade every shard with the "
                              "same --chapters, or let batch take them from the whole class)")
-        for row in lines[1:]:
-            if row[0] in rows:
-                raise ValueError(f"{path}: student {row[0]!r} is in two shards")
-            rows[row[0]] = row
+        for row in lines[len(head):]:
+            key = gradebook.row_key(row)
+            if key in rows:
+                raise ValueError(f"{path}: student {row[0]!r} ({row[1] if len(row) > 1 else ''}) is in two shards")
+            rows[key] = row
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(header)
+        w.writerows(header)
         for name in sorted(rows):
             w.writerow(rows[name])
     return len(rows)
@@ -347,7 +336,4 @@ def merge_reports(folders: list, out) -> int:
     return count
 
 
-def _chapter_cell(ch: ChapterResult | None) -> str:
-    if ch is None:
-        return ""
-    return "missing" if ch.notebook is None else f"{ch.score:.4g}"
+

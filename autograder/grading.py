@@ -442,6 +442,7 @@ class Grader:
             cells = notebook_cells(path)
         except NotebookError as e:
             result.notes.append(str(e))
+            result.not_graded = str(e)
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
             result.seconds = time.perf_counter() - start
             return result

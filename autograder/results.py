@@ -67,6 +67,7 @@ class ChapterResult:
     seconds: float = 0.0
     sandbox: SandboxMode | None = None           # how the notebook ran (None: it did not run)
     error: str | None = None                     # why its grading could not finish (a grader fault)
+    not_graded: str | None = None                # why the notebook could not be read (the student's)
 
     @property
     def score(self) -> float:

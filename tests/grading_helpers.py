@@ -101,3 +101,14 @@ def exercise_namespace(chapter: str) -> dict:
         except Exception:
             pass
     return ns
+
+
+def read_gradebook(path) -> dict:
+    """The gradebook CSV's student rows (the Points Possible row left out), by the ID column (the
+    student's folder unless `import` wrote an LMS id)."""
+    import csv
+
+    from autograder.report.gradebook import POINTS_POSSIBLE
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return {r["ID"]: r for r in csv.DictReader(f) if r["Student"] != POINTS_POSSIBLE}
