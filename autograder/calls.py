@@ -61,9 +61,9 @@ class Call:
         measure_memory: record the largest tensor the call creates (Outcome.largest_tensor), in
             the caller's process (the self-check's diagnosis: the student's own process can
             disable it, so the grader scores memory by `capped_memory` instead).
-        capped_memory: the grader runs the call in a child of its own whose memory (hard
+        capped_memory: the grader runs the chapter of this call in children whose memory (hard
             RLIMIT_DATA, set before any student code runs) is capped at `Limits.memory_case`
-            above what it holds at its start: the kernel, not the student's process, enforces it.
+            above what they hold at their start: the kernel, not the student's process, enforces it.
         answer: the target is a plain value (a "predict" exercise's answer: a number or a nested
             list of numbers), not called but read, as a float64 CPU tensor (execute.py).
     """

@@ -446,15 +446,17 @@ class Grader:
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
             result.seconds = time.perf_counter() - start
             return result
-        with StudentSession(cells, limits=self.limits, sandbox=self.sandbox,
-                            sandboxes=sandboxes, deadline=deadline) as session, \
-                _CappedRunner(cells, self.limits, self.sandbox, sandboxes, deadline) as capped:
+        # A chapter with memory cases (`Call.capped_memory`: chapter 7) runs wholly in children
+        # whose memory the kernel caps before any student code runs (its other cases are small).
+        capped = any(c.capped_memory for ex in chapter.exercises
+                     for c in REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick))
+        with StudentSession(cells, limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes,
+                            deadline=deadline, memory_capped=capped) as session:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
-            run = lambda c: capped.run(c) if c.capped_memory else session.run(c)  # noqa: E731
-            result.tests = grade_chapter(chapter, run, self.devices, self.seed, self.quick, cells=cells)
+            result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick, cells=cells)
             defined = set(info.get("defined", []))
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
             if note:
@@ -571,32 +573,6 @@ class Grader:
             if own is not None:
                 own.close()
         return self.assemble(result, done, time.perf_counter() - start)
-
-
-class _CappedRunner:
-    """The memory cases' own session (`Call.capped_memory`): the same notebook in a child whose
-    memory the kernel caps, started at the first such case."""
-
-    def __init__(self, cells, limits, sandbox, sandboxes, deadline=None):
-        self.args, self.session = (cells, limits, sandbox, sandboxes, deadline), None
-
-    def run(self, call: Call) -> Outcome:
-        from .session import StudentSession
-
-        if self.session is None:
-            cells, limits, sandbox, sandboxes, deadline = self.args
-            self.session = StudentSession(cells, limits=limits, sandbox=sandbox, sandboxes=sandboxes,
-                                          memory_capped=True, deadline=deadline)
-        # blocks in Python over 2^27 scores: more work than any other case, so more time
-        return self.session.run(call, timeout=3 * self.session.limits.call_timeout)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.session is not None:
-            self.session.close()
-        return False
 
 
 def _start_notes(info: dict) -> list[str]:

@@ -108,10 +108,11 @@ class Limits:
     nofile: int = 256                   # open file descriptors
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
-    memory_case: int = 192 * MiB        # memory cases (Call.capped_memory) run in a child of their
-                                        # own that may allocate this much beyond what it holds
-                                        # at its start (hard RLIMIT_DATA, set before any student
-                                        # code runs: the kernel, not the student, enforces it)
+    memory_case: int = 192 * MiB        # a chapter with memory cases (Call.capped_memory) runs in
+                                        # children that may allocate this much beyond what they
+                                        # hold at their start, the notebook's cells included (hard
+                                        # RLIMIT_DATA, set before any student code runs: the
+                                        # kernel, not the student, enforces it)
     threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
     # The grader's own deadlines and bounds (not the student's):
     send_timeout: float = 30.0          # to hand the notebook's cells to a child
@@ -1207,14 +1208,11 @@ class SandboxPool:
                     return box
         return None
 
-    def acquire(self, companion: bool = False) -> WarmSandbox:
-        """A sandbox with room for one more chapter (waiting for one being reset). A
-        `companion` (a chapter's memory cases, run beside the chapter itself) may take one
-        place more than the pool's size: it would otherwise start a sandbox, and import torch,
-        of its own."""
+    def acquire(self) -> WarmSandbox:
+        """A sandbox with room for one more chapter (waiting for one being reset)."""
         with self._cond:
             while True:
-                room = (self.size if self.sharing else 1) + (1 if companion else 0)
+                room = self.size if self.sharing else 1
                 alive = [b for b in self._boxes if b.alive() or b.users]
                 usable = [b for b in alive if not b.resetting and b.users < room and b.alive()]
                 if usable:

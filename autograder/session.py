@@ -243,7 +243,7 @@ class StudentSession:
             self._pool.release(self._box)  # killed by what the student did: start a new one
             self._box = None
         if self._box is None:
-            self._box = self._pool.acquire(companion=bool(self._headroom))
+            self._box = self._pool.acquire()
         why = self._box.wait_ready(deadline)
         if why:
             self._pool.release(self._box)
