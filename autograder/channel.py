@@ -9,6 +9,11 @@ import time
 from . import protocol, wire
 from .sandbox import Child
 
+# Caps on a child's frames (the student's process writes them: hostile input). Honest ones are
+# small: over every chapter's solutions, at most 6.7 KB of header and 810 JSON values, 7 deep.
+RESULT_HEADER = 16 << 20
+RESULT_NODES = 1 << 18
+
 
 class Budget:
     def __init__(self, cap: int):
@@ -40,7 +45,7 @@ class Channel:
     def __init__(self, child: Child, result_cap: int):
         self.child = child
         self.result_cap = min(result_cap, wire.MAX_PAYLOAD)
-        self.results = wire.FrameReader(min(wire.MAX_HEADER, self.result_cap), self.result_cap)
+        self.results = wire.FrameReader(min(RESULT_HEADER, self.result_cap), self.result_cap, RESULT_NODES)
         self.results_eof = False
         self.output_eof = False
         self.separator = b"\0" + child.token.encode() + b"\0"
@@ -101,9 +106,18 @@ class Channel:
 
     def next_message(self):
         """The child's next message (a `protocol` dataclass); None while none is complete.
-        WireError or ProtocolError if what came is malformed."""
+        WireError or ProtocolError if what came is malformed, never another exception: the
+        session makes either a crash of what the child was doing, not a grader error."""
         frame = self.results.pop()
-        return None if frame is None else protocol.from_plain(wire.decode(frame))
+        if frame is None:
+            return None
+        data = wire.decode(frame, self.results.max_nodes)
+        try:
+            return protocol.from_plain(data)
+        except protocol.ProtocolError:
+            raise
+        except Exception as e:  # (a field the checks themselves trip on: {"kind": []})
+            raise protocol.ProtocolError(f"not a message ({type(e).__name__})") from None
 
 
 def _read(fd: int, size: int) -> bytes | None:

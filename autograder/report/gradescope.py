@@ -1,10 +1,14 @@
-"""Gradescope's results.json: one test per (chapter, exercise, device), with extra_data."""
+"""Gradescope's results.json: one test per (chapter, exercise, device), with extra_data.
+
+Every string in it goes through `untrusted_text.printable`: Gradescope shows them to the student
+and the instructor, and student text may hold control characters."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from ..results import SubmissionResult
+from ..untrusted_text import printable
 from .text import exercise_lines
 
 
@@ -27,14 +31,24 @@ def results_json(result: SubmissionResult) -> dict:
                 "extra_data": {"chapter": t.chapter, "exercise": t.exercise, "device": t.device},
             })
     notes = list(result.notes) + [f"{ch.chapter}: {n}" for ch in result.chapters for n in ch.notes]
-    return {
+    return _printable({
         "score": round(result.score, 4),
         "execution_time": round(result.seconds, 2),
         "output": "\n".join(notes),
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
-    }
+    })
+
+
+def _printable(x):
+    if isinstance(x, str):
+        return printable(x)
+    if isinstance(x, dict):
+        return {_printable(k): _printable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_printable(v) for v in x]
+    return x
 
 
 def write(result: SubmissionResult, path) -> None:

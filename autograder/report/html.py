@@ -1,7 +1,8 @@
 """A self-contained HTML feedback page per submission (no external resources).
 
 Where submitted attention weights differ from the expected ones, a figure shows both side by
-side (matplotlib, embedded as a PNG data URI).
+side (matplotlib, embedded as a PNG data URI). Every text in it is escaped twice over: for HTML,
+and through `untrusted_text.printable` (student text may hold control characters).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import io
 from pathlib import Path
 
 from ..results import SubmissionResult
+from ..untrusted_text import printable
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222;padding:0 1em}
@@ -43,8 +45,12 @@ def _figure_png(fig_data: dict, title: str) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def _e(text) -> str:
+    return html.escape(printable(str(text)))
+
+
 def render(result: SubmissionResult) -> str:
-    e = html.escape
+    e = _e
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Feedback: {e(result.path)}</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>Feedback for {e(Path(result.path).name)}</h1>",
@@ -66,7 +72,7 @@ def render(result: SubmissionResult) -> str:
                                f"<i>{e(f.case)}</i></div><pre>{e(f.message)}</pre>")
                 details += [f"<div><span class='hint'>{e(h)}</span></div>" for h in t.hint_lines()]
                 if f.figure:
-                    src = _figure_png(f.figure, f"{t.exercise}: {f.case}")
+                    src = _figure_png(f.figure, printable(f"{t.exercise}: {f.case}"))
                     details.append(f"<img alt='expected vs submitted attention weights' src='{src}'>")
             elif not t.note:
                 details.append(f"all {len(t.cases)} cases passed")
@@ -78,7 +84,7 @@ def render(result: SubmissionResult) -> str:
         if ch.output:
             parts.append(f"<details><summary>Output of the notebook</summary><pre>{e(ch.output)}</pre></details>")
     parts.append("</body></html>")
-    return "\n".join(parts)
+    return printable("\n".join(parts))
 
 
 def write(result: SubmissionResult, path) -> None:

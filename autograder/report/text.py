@@ -1,11 +1,23 @@
-"""The terminal report: per chapter and exercise, the score, the first failure and a hint."""
+"""The terminal report: per chapter and exercise, the score, the first failure and a hint.
+
+Student text in it (messages, names, file names) is shown through `untrusted_text.printable`,
+and indented on every line it takes: nothing a student wrote can act on the terminal or start a
+line of the report (a "Total: 13 / 13" of theirs stays inside their message).
+"""
 from __future__ import annotations
 
 from ..results import SubmissionResult, TestResult
+from ..untrusted_text import printable
 
 
 def _pts(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
+def _block(prefix: str, text: str) -> list[str]:
+    """`text` after `prefix`, its further lines indented under its first."""
+    first, *rest = printable(str(text)).splitlines() or [""]
+    return [prefix + first] + [" " * max(len(prefix), 4) + line for line in rest]
 
 
 def exercise_lines(tests: list[TestResult]) -> list[str]:
@@ -17,7 +29,7 @@ def exercise_lines(tests: list[TestResult]) -> list[str]:
     lines = [f"  {mark} {tests[0].exercise:<34} {_pts(score):>5} / {_pts(max_score):<5} {devices}"]
     notes = {t.note for t in tests if t.note}
     for note in notes:
-        lines.append(f"      {note}")
+        lines.extend(_block("      ", note))
     if not notes:
         shown = set()
         for t in tests:
@@ -25,24 +37,26 @@ def exercise_lines(tests: list[TestResult]) -> list[str]:
             if f and f.message not in shown:
                 shown.add(f.message)
                 on = "" if t.device == "cpu" else f" [{t.device}, {f.dtype}]"
-                lines.append(f"      first failure{on}: {f.case}")
-                lines.extend(f"        {line}" for line in f.message.splitlines())
-                lines.extend(f"      {h}" for h in t.hint_lines())
+                lines.extend(_block(f"      first failure{on}: ", f.case))
+                lines.extend(_block("        ", f.message))
+                for h in t.hint_lines():
+                    lines.extend(_block("      ", h))
     for note in sorted({c.note for t in tests for c in t.cases if c.passed and c.note}):
-        lines.append(f"      note: {note}")
+        lines.extend(_block("      note: ", note))
     return lines
 
 
 def render(result: SubmissionResult, verbose: bool = False) -> str:
-    out = [f"Submission: {result.path}"]
-    out.extend(f"  note: {n}" for n in result.notes)
+    out = _block("Submission: ", result.path)
+    for n in result.notes:
+        out.extend(_block("  note: ", n))
     for ch in result.chapters:
         out.append("")
         where = f"  ({ch.notebook})" if ch.notebook else ""
-        out.append(f"{ch.chapter}: {_pts(ch.score)} / {_pts(ch.max_score)}{where}")
+        out.extend(_block("", f"{ch.chapter}: {_pts(ch.score)} / {_pts(ch.max_score)}{where}"))
         for n in ch.notes:
             if verbose or not n.startswith("sandbox:"):
-                out.append(f"  note: {n}")
+                out.extend(_block("  note: ", n))
         by_ex: dict = {}
         for t in ch.tests:
             by_ex.setdefault(t.exercise, []).append(t)
@@ -52,4 +66,4 @@ def render(result: SubmissionResult, verbose: bool = False) -> str:
     sandbox = f", sandbox: {result.sandbox}" if result.sandbox else ""
     out.append(f"Total: {_pts(result.score)} / {_pts(result.max_score)}  "
                f"(graded in {result.seconds:.1f} s{sandbox})")
-    return "\n".join(out)
+    return printable("\n".join(out))
