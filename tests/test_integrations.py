@@ -49,22 +49,55 @@ def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     return r
 
 
+# A cell that forges every grade cell's score in the student's kernel: the grade cells end with
+# check(...), whose value nbgrader takes as partial credit, and check is the student's to patch.
+KERNEL_FORGER = """import autograder.selfcheck as _selfcheck
+from autograder.contract import CHAPTERS as _CHAPTERS
+_selfcheck.check = lambda chapter, exercise, obj, **kw: _CHAPTERS[chapter].exercise(exercise).points
+"""
+
+
+def _kernel_scores(nb_path: Path) -> float:
+    """What nbgrader's own grading would give: the notebook run in a kernel (nbgrader's Execute
+    step), each grade cell scored from its outputs (nbgrader's determine_grade)."""
+    from nbclient import NotebookClient
+    from nbgrader.utils import determine_grade
+
+    nb = nbformat.read(nb_path, as_version=4)
+    NotebookClient(nb, timeout=120, allow_errors=True, resources={"metadata": {"path": str(nb_path.parent)}}).execute()
+    return sum(determine_grade(c)[0] for c in nb.cells
+               if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade"))
+
+
 @pytest.mark.timeout(1200)
-def test_nbgrader_round_trip_agrees_with_our_grader(tmp_path):
+def test_nbgrader_round_trip_agrees_with_our_grader_and_a_patched_kernel_changes_nothing(tmp_path):
+    """nbgrader autograde gets its scores from the sandboxed grader (SandboxedGrades in place of
+    Execute): they equal `grade`'s, and a student whose first cell patches the self-check in the
+    kernel (full marks from blank templates when the kernel is believed) gets zero."""
     course = make_course(tmp_path / "course", chapters=CHAPTERS_USED)
     _nbgrader(course, "generate_assignment", "attention", "--force")
     release = course / "release" / "attention"
     assert sorted(p.name for p in release.glob("*.ipynb")) == [f"{c}.ipynb" for c in CHAPTERS_USED]
     released = (release / "02_scaled_dot_product_attention.ipynb").read_text()
-    assert "BEGIN HIDDEN TESTS" not in released and "NotImplementedError" in released
+    assert "HIDDEN TESTS" not in released and "NotImplementedError" in released
 
-    students = {"good": course / "source" / "attention", "stub": release, "buggy": course / "source" / "attention"}
+    students = {"good": course / "source" / "attention", "stub": release, "buggy": course / "source" / "attention",
+                "forger": release}
     for sid, src in students.items():
         _nbgrader(course, "db", "student", "add", sid)
         dest = course / "submitted" / sid / "attention"
         shutil.copytree(src, dest)
         (dest / "timestamp.txt").write_text("2026-01-01 00:00:00.000000 UTC")
     _break_sdpa(course / "submitted" / "buggy" / "attention" / "02_scaled_dot_product_attention.ipynb")
+    for nb_path in (course / "submitted" / "forger" / "attention").glob("*.ipynb"):
+        nb = nbformat.read(nb_path, as_version=4)
+        nb.cells.insert(0, nbformat.v4.new_code_cell(KERNEL_FORGER))
+        nbformat.write(nb, nb_path)
+    full = sum(CHAPTERS[c].points for c in CHAPTERS_USED)
+    # The attack is real: believed from the kernel, the blank template scores 17 of 18 (all
+    # but a written answer whose name the template leaves undefined).
+    forged = course / "submitted" / "forger" / "attention" / "02_scaled_dot_product_attention.ipynb"
+    assert _kernel_scores(forged) >= 0.9 * CHAPTERS["02_scaled_dot_product_attention"].points
 
     _nbgrader(course, "autograde", "attention", "--force")
     _nbgrader(course, "export", "--to", str(tmp_path / "grades.csv"))
@@ -74,12 +107,15 @@ def test_nbgrader_round_trip_agrees_with_our_grader(tmp_path):
     grader = Grader(device="cpu")
     ours = {sid: grader.grade_path(course / "submitted" / sid / "attention", chapters=CHAPTERS_USED).score
             for sid in students}
-    full = sum(CHAPTERS[c].points for c in CHAPTERS_USED)
     assert ours["good"] == pytest.approx(full) and nb_scores["good"] == pytest.approx(full)
     assert ours["stub"] == 0 and nb_scores["stub"] == 0
+    assert ours["forger"] == 0 and nb_scores["forger"] == 0
     assert 0 < ours["buggy"] < full
     for sid in students:
         assert nb_scores[sid] == pytest.approx(ours[sid], abs=1e-3), (sid, nb_scores, ours)
+    # The autograded notebook (what nbgrader's feedback shows) carries the grader's diagnosis.
+    autograded = (course / "autograded" / "buggy" / "attention" / "02_scaled_dot_product_attention.ipynb").read_text()
+    assert "sqrt(d_k)" in autograded, autograded[-3000:]
 
 
 def test_gradescope_zip_runs_in_a_simulated_autograder_tree(tmp_path):

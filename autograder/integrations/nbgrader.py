@@ -1,11 +1,17 @@
-"""nbgrader: a course source folder built from the solutions, and the hidden test each grade cell runs.
+"""nbgrader: a course folder built from the solutions, graded by the sandboxed grader.
 
 `make_course(course_dir)` writes an nbgrader course (nbgrader_config.py and
 source/<assignment>/NN_name.ipynb). Each self-check cell of the solutions becomes an nbgrader
-grade cell whose visible part is the student's self-check (printing, not raising) and whose
-hidden part calls `score(...)`: our own grader run in the kernel on the same cases, returning
-the exercise's points as nbgrader partial credit. So `nbgrader autograde` and
-`python -m autograder grade` give the same scores.
+grade cell worth the exercise's points, which shows the student their self-check.
+
+Grading never happens in the student's kernel: there, every earlier cell of the student's can
+patch whatever the grade cell calls, so any score the kernel computes can be forged. The course's
+config replaces nbgrader's `Execute` step of `nbgrader autograde` with `SandboxedGrades`, which
+grades the submitted notebook with this package's grader (student code in its sandbox, scores
+computed in the grader's own process, exactly as `python -m autograder grade` does) and writes
+each grade cell's outputs: the diagnosis as text and the exercise's points as nbgrader partial
+credit, which nbgrader's own `SaveAutoGrades` then stores in the gradebook. No student code runs
+in a kernel at all.
 
     python -m autograder.integrations.nbgrader COURSE_DIR [--assignment attention]
     cd COURSE_DIR && nbgrader generate_assignment attention && ... && nbgrader autograde attention
@@ -13,61 +19,122 @@ the exercise's points as nbgrader partial credit. So `nbgrader autograde` and
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import re
 import sys
-import warnings
+import tempfile
 from pathlib import Path
 
 import nbformat
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import List, Unicode
 
-from ..contract import CHAPTERS
+from ..contract import CHAPTERS, chapter_for_filename
 from ..references import solutions_dir
 
 CHECK_CALL = re.compile(r'check\(\s*"(?P<chapter>[^"]+)"\s*,\s*"(?P<exercise>[^"]+)"\s*,\s*(?P<obj>[^)]+)\)')
 
 GRADE_CELL = '''from autograder.selfcheck import check
-check("{chapter}", "{exercise}", {obj}, raise_on_failure=False)
-### BEGIN HIDDEN TESTS
-from autograder.integrations.nbgrader import score
-score("{chapter}", "{exercise}", globals())
-### END HIDDEN TESTS'''
+check("{chapter}", "{exercise}", {obj}, raise_on_failure=False)'''
 
-CONFIG = '''c = get_config()
+CONFIG = '''from autograder.integrations.nbgrader import AUTOGRADE_PREPROCESSORS
+
+c = get_config()
 c.CourseDirectory.root = {root!r}
 c.CourseDirectory.course_id = "attention-course"
-c.ExecutePreprocessor.timeout = 120
+# Grades come from the sandboxed grader, never from the student's kernel (see
+# autograder/integrations/nbgrader.py): nbgrader's Execute step is replaced by SandboxedGrades.
+c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
+# What a student's code must never read, even where the sandbox is a uid of its own
+# (a container without namespaces): the whole course folder, submissions and gradebook included.
+c.SandboxedGrades.hide = [{root!r}]
 '''
 
 
-def score(chapter: str, exercise: str, namespace: dict) -> float:
-    """Grade one exercise of the objects in `namespace` (nbgrader's kernel) and return its points.
+class SandboxedGrades(NbGraderPreprocessor):
+    """In place of nbgrader's Execute: grade the notebook in the sandbox and write each grade
+    cell's outputs from the result (text, then the points as an execute_result)."""
 
-    Prints the diagnosis on stdout; never raises and never writes to stderr (nbgrader gives
-    zero to a grade cell that writes to stderr)."""
-    from ..grading import Grader
+    device = Unicode("auto", help="auto, cpu or cuda, as `python -m autograder grade --device`").tag(config=True)
+    sandbox = Unicode("auto", help="auto, bubblewrap, container or none, as `--sandbox`").tag(config=True)
+    hide = List(Unicode(), help="folders a student's uid must not read in the container mode").tag(config=True)
+
+    _grader = None
+
+    def preprocess(self, nb, resources):
+        name = resources["nbgrader"]["notebook"]
+        chapter = chapter_for_filename(name + ".ipynb")
+        if chapter is None:
+            raise ValueError(f"{name}.ipynb is not a chapter notebook of this course")
+        result = self._grade(nb, chapter)
+        tests: dict = {}
+        for t in result.tests:
+            tests.setdefault(t.exercise, []).append(t)
+        notes = [n for n in result.notes if not n.startswith("sandbox:")]
+        for cell in nb.cells:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
+                continue
+            match = CHECK_CALL.search(cell.source)
+            exercise = match["exercise"] if match and match["chapter"] == chapter.id else None
+            cell.outputs = _grade_outputs(tests.get(exercise), exercise, float(meta.get("points", 0)), notes)
+            notes = []  # (the notebook's own notes once, in its first grade cell)
+        return nb, resources
+
+    def _grade(self, nb, chapter):
+        from ..grading import REFERENCES, Grader
+        from ..reference_store import persisted
+        from ..sandbox import SandboxUnavailable, choose_mode
+
+        if SandboxedGrades._grader is None:
+            try:
+                mode, note = choose_mode(None if self.sandbox == "auto" else self.sandbox, self.hide)
+            except SandboxUnavailable as e:
+                raise RuntimeError(f"no grading without the sandbox: {e}") from None
+            if mode != "bubblewrap":
+                self.log.warning(note)
+            SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox)
+        grader = SandboxedGrades._grader
+        with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp, \
+                persisted(REFERENCES, grader.seed, grader.quick):
+            path = Path(tmp) / f"{chapter.id}.ipynb"
+            nbformat.write(nb, path)
+            return grader.grade_notebook(path, chapter)
+
+
+def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[str]) -> list:
+    """A grade cell's outputs: the diagnosis, then the points (nbgrader's partial credit, which
+    it reads from the cell's one execute_result). A grade cell the grader has no exercise for
+    scores zero, with the reason on stderr (where nbgrader gives zero)."""
     from ..report.text import exercise_lines
+    from ..untrusted_text import printable
 
-    out = io.StringIO()
-    points = 0.0
-    with contextlib.redirect_stderr(out), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            tests = Grader().grade_namespace(CHAPTERS[chapter], namespace, exercises=[exercise])
-            points = sum(t.score for t in tests)
-            print("\n".join(exercise_lines(tests)))
-        except Exception as e:  # a broken namespace scores zero, with the reason
-            print(f"could not grade {exercise}: {type(e).__name__}: {e}")
-    noise = out.getvalue()
-    if noise:
-        print(noise[-2000:])
-    max_points = CHAPTERS[chapter].exercise(exercise).points
-    return round(min(max(points, 0.0), max_points), 4)
+    if not tests:
+        why = (f"the grader has no exercise {exercise!r} in this chapter" if exercise
+               else "this grade cell does not call check(...) for an exercise of this chapter")
+        return [nbformat.v4.new_output("stream", name="stderr", text=f"not graded: {why}\n")]
+    points = min(max(sum(t.score for t in tests), 0.0), max_points)
+    text = "\n".join([*(f"note: {n}" for n in notes), *exercise_lines(tests)])
+    return [nbformat.v4.new_output("stream", name="stdout", text=printable(text) + "\n"),
+            nbformat.v4.new_output("execute_result", data={"text/plain": repr(round(points, 4))},
+                                   execution_count=None)]
+
+
+def _autograde_preprocessors() -> list:
+    """nbgrader's own autograde steps, with SandboxedGrades where Execute was."""
+    from nbgrader.converters.autograde import Autograde
+    from nbgrader.preprocessors import Execute
+
+    steps = Autograde.class_traits()["autograde_preprocessors"].default()
+    if Execute not in steps:  # (an nbgrader whose steps we do not know: grade nothing rather than forgeably)
+        raise RuntimeError(f"nbgrader's autograde steps have no Execute step to replace: {steps}")
+    return [SandboxedGrades if step is Execute else step for step in steps]
+
+
+AUTOGRADE_PREPROCESSORS = _autograde_preprocessors()
 
 
 def source_notebook(chapter: str):
-    """The solution notebook with its self-check cells turned into hidden-test grade cells."""
+    """The solution notebook with its self-check cells turned into grade cells."""
     nb = nbformat.read(solutions_dir() / f"{chapter}.ipynb", as_version=4)
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
