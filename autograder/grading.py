@@ -457,6 +457,7 @@ class Grader:
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
             result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick, cells=cells)
+            _failed_definitions(chapter, result.tests, cells, info)
             defined = set(info.get("defined", []))
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
             if note:
@@ -573,6 +574,28 @@ class Grader:
             if own is not None:
                 own.close()
         return self.assemble(result, done, time.perf_counter() - start)
+
+
+def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells: list[str], info: dict) -> None:
+    """A name the notebook does not define because the cell that defines it failed (a
+    SyntaxError, an error raised before the definition, a timeout): that cell's error goes into
+    the exercise's own note too, not only among the notebook's notes above its table."""
+    import re
+
+    failed = {c.get("cell"): c.get("message") or c.get("status") for c in info.get("cells", [])
+              if c.get("status") not in (None, "ok", "skipped")}
+    if not failed:
+        return
+    for t in tests:
+        first = t.cases[0] if t.cases else None
+        if not (t.note and first is not None and first.aspect == "missing"):
+            continue
+        name = re.escape(chapter.exercise(t.exercise).target)
+        defines = re.compile(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{name}\b|^{name}[ \t]*(?::[^=\n]*)?=(?!=)",
+                             re.MULTILINE)
+        where = [n for n in sorted(failed) if isinstance(n, int) and 0 < n <= len(cells) and defines.search(cells[n - 1])]
+        if where:
+            t.note += f" It is defined in cell {where[-1]}, which failed: {failed[where[-1]]}"
 
 
 def _start_notes(info: dict) -> list[str]:

@@ -176,3 +176,75 @@ def test_a_pe_buffer_of_another_shape_loses_the_structure_case_only(name):
     failed = [c for c in cpu.cases if not c.passed]
     assert [c.case for c in failed] == [cpu.cases[0].case] and "(max_len, d_model)" in failed[0].case
     assert "expected (20, 8)" in failed[0].message
+
+
+# ----------------------------------------------------------------------------- the feedback page (issue 20, item 5)
+def _submission(path: str, *tests):
+    from autograder.results import ChapterResult, SubmissionResult
+
+    return SubmissionResult(path, [ChapterResult("01_intuition", f"{path}/01_intuition.ipynb", list(tests))])
+
+
+def _test(exercise: str, device: str, passed: list[bool]):
+    from autograder.results import CaseResult, TestResult
+
+    cases = [CaseResult(f"case {i}", device, "float64", ok, "" if ok else "values", "" if ok else "wrong values")
+             for i, ok in enumerate(passed)]
+    return TestResult("01_intuition", exercise, device, 1.0 * sum(passed), float(len(passed)), cases)
+
+
+def test_the_feedback_page_shows_no_absolute_path():
+    from autograder.report import html
+
+    page = html.render(_submission("/home/instructor/secret-course/submissions/alice",
+                                   _test("softmax", "cpu", [True])))
+    assert "<title>Feedback: alice</title>" in page and "/home/instructor" not in page
+
+
+def test_meta_is_explained_once_in_each_report():
+    from autograder.report import html, text
+
+    result = _submission("alice", _test("softmax", "cpu", [True, True]), _test("softmax", "meta", [True, True]),
+                         _test("attention_pool", "cpu", [True]), _test("attention_pool", "meta", [False]))
+    assert text.META_NOTE.startswith("meta: ") and "shapes but no values" in text.META_NOTE
+    assert text.render(result).count(text.META_NOTE) == 1
+    assert html.render(result).count("shapes but no values") == 1
+    cpu_only = _submission("bob", _test("softmax", "cpu", [True]))
+    assert "shapes but no values" not in html.render(cpu_only) + text.render(cpu_only)
+
+
+def test_case_counts_are_plural_only_when_more_than_one():
+    from autograder.report import html
+
+    page = html.render(_submission("alice", _test("softmax", "cpu", [True]), _test("attention_pool", "cpu", [False]),
+                                   _test("predict_softmax_large", "cpu", [True, True, True]),
+                                   _test("fixed_softmax_rows", "cpu", [True, False])))
+    assert "1 case passed" in page and "all 1 cases" not in page
+    assert "0 of 1 case passed" in page and "all 3 cases passed" in page and "1 of 2 cases passed" in page
+
+
+def test_a_syntax_error_shows_in_its_exercises_row(tmp_path):
+    """A SyntaxError in softmax's cell: the missing softmax's row says which cell failed and how,
+    in the terminal report and in the HTML table (as well as above the table)."""
+    import json
+    import re
+
+    from autograder.grading import Grader
+    from autograder.report import html, text
+    from grading_helpers import REPO
+
+    nb = json.loads((REPO / "solutions" / "01_intuition.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "".join(c["source"]).startswith("def softmax("))
+    cell["source"] = "".join(cell["source"]).replace("def softmax(x, dim=-1):", "def softmax(x dim=-1):")
+    (tmp_path / "01_intuition.ipynb").write_text(json.dumps(nb))
+    result = Grader(device="cpu").grade_path(tmp_path / "01_intuition.ipynb")
+    softmax = next(t for t in result.chapters[0].tests if t.exercise == "softmax" and t.device == "cpu")
+    assert re.search(r"is not defined in the notebook\. It is defined in cell \d+, which failed: SyntaxError",
+                     softmax.note), softmax.note
+    pool = next(t for t in result.chapters[0].tests if t.exercise == "attention_pool" and t.device == "cpu")
+    assert "SyntaxError" not in pool.note  # (defined in a cell of its own, which ran)
+    row = next(r for r in html.render(result).split("<tr>") if r.startswith("<td>softmax</td><td>cpu</td>"))
+    assert "SyntaxError" in row
+    lines = text.render(result).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("✗ softmax"))
+    assert "SyntaxError" in lines[at + 1]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..results import SubmissionResult
 from ..untrusted_text import printable
+from .text import META_NOTE, plural, uses_meta
 
 CSS = """
 body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222;padding:0 1em}
@@ -51,11 +52,14 @@ def _e(text) -> str:
 
 def render(result: SubmissionResult) -> str:
     e = _e
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Feedback: {e(result.path)}</title>"
+    name = Path(result.path).name  # (never the grader's absolute path)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Feedback: {e(name)}</title>"
              f"<style>{CSS}</style></head><body>",
-             f"<h1>Feedback for {e(Path(result.path).name)}</h1>",
+             f"<h1>Feedback for {e(name)}</h1>",
              f"<p><b>Total: {result.score:.2f} / {result.max_score:.2f}</b> "
              f"<span class='note'>(graded in {result.seconds:.1f} s{', sandbox: ' + e(result.sandbox) if result.sandbox else ''})</span></p>"]
+    if uses_meta(result):
+        parts.append(f"<p class='note' id='meta'>{e(META_NOTE)}</p>")
     parts += [f"<p class='note'>{e(n)}</p>" for n in result.notes]
     for ch in result.chapters:
         parts.append(f"<h2>{e(ch.chapter)}: {ch.score:.2f} / {ch.max_score:.2f}</h2>")
@@ -68,17 +72,18 @@ def render(result: SubmissionResult) -> str:
                 details.append(f"<div>{e(t.note)}</div>")
             f = t.first_failure
             if f and not t.note:
-                details.append(f"<div>{t.passed}/{len(t.cases)} cases passed. First failure: "
+                details.append(f"<div>{t.passed} of {plural(len(t.cases), 'case')} passed. First failure: "
                                f"<i>{e(f.case)}</i></div><pre>{e(f.message)}</pre>")
                 details += [f"<div><span class='hint'>{e(h)}</span></div>" for h in t.hint_lines()]
                 if f.figure:
                     src = _figure_png(f.figure, printable(f"{t.exercise}: {f.case}"))
                     details.append(f"<img alt='expected vs submitted attention weights' src='{src}'>")
             elif not t.note:
-                details.append(f"all {len(t.cases)} cases passed")
+                details.append("1 case passed" if len(t.cases) == 1 else f"all {len(t.cases)} cases passed")
             for note in sorted({c.note for c in t.cases if c.passed and c.note}):
                 details.append(f"<div class='note'>note: {e(note)}</div>")
-            parts.append(f"<tr><td>{e(t.exercise)}</td><td>{e(t.device)}</td>"
+            device = "<a href='#meta'>meta</a>" if t.device == "meta" else e(t.device)
+            parts.append(f"<tr><td>{e(t.exercise)}</td><td>{device}</td>"
                          f"<td class='{cls}'>{t.score:.2f} / {t.max_score:.2f}</td><td>{''.join(details)}</td></tr>")
         parts.append("</table>")
         if ch.output:

@@ -10,6 +10,21 @@ from ..results import SubmissionResult, TestResult
 from ..untrusted_text import printable
 
 
+# What the "meta" device of the reports is (the README's words, "Scoring"); said once per report.
+META_NOTE = ("meta: the device-portability check where no GPU is present: the code runs again on "
+             "PyTorch's meta device, which has shapes but no values, to catch tensors created on a fixed "
+             "device; it carries 20% of each exercise's points, credited only for cases correct on the CPU.")
+
+
+def plural(n: int, word: str) -> str:
+    """"1 case", "2 cases"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def uses_meta(result: SubmissionResult) -> bool:
+    return any(t.device == "meta" for ch in result.chapters for t in ch.tests)
+
+
 def _pts(x: float) -> str:
     return f"{x:.2f}".rstrip("0").rstrip(".")
 
@@ -63,6 +78,8 @@ def render(result: SubmissionResult, verbose: bool = False) -> str:
         for tests in by_ex.values():
             out.extend(exercise_lines(tests))
     out.append("")
+    if uses_meta(result):
+        out.append(META_NOTE)
     sandbox = f", sandbox: {result.sandbox}" if result.sandbox else ""
     out.append(f"Total: {_pts(result.score)} / {_pts(result.max_score)}  "
                f"(graded in {result.seconds:.1f} s{sandbox})")
