@@ -13,7 +13,8 @@ from tqdm import tqdm
 from . import forkserver
 from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
-from .report import gradebook, gradescope, html
+from .report import class_report, gradebook, gradescope, html
+from .report.text import plural
 from .results import ChapterResult, SubmissionResult
 from .sandbox import SandboxMode, SandboxPool, choose_mode
 from .untrusted_text import printable
@@ -185,15 +186,23 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
 
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True,
-                shard: tuple[int, int] | None = None) -> dict[str, SubmissionResult]:
-    """Grade every student folder (with `shard` (K, N): those of shard K of N, `shard_of`), up
-    to `jobs` students at once. A student is the unit of work: their chapters run one after
-    another in one sandbox of their own, whose warm worker imports torch once and forks a
-    fresh child per chapter. A worker process that dies is replaced and its students graded
-    again (`_run_all`); a student whose grading cannot finish gets `SubmissionResult.error`."""
+                shard: tuple[int, int] | None = None, only: list[str] | None = None
+                ) -> dict[str, SubmissionResult]:
+    """Grade every student folder (with `shard` (K, N): those of shard K of N, `shard_of`; with
+    `only`: those folders alone, whose rows replace theirs in an existing CSV), up to `jobs`
+    students at once. A student is the unit of work: their chapters run one after another in
+    one sandbox of their own, whose warm worker imports torch once and forks a fresh child per
+    chapter. A worker process that dies is replaced and its students graded again
+    (`_run_all`); a student whose grading cannot finish gets `SubmissionResult.error`. With
+    `out_dir`, each student's reports and saved results go to out_dir/<student>/, and the class
+    report (`report.class_report`) is rebuilt from every student saved there."""
     class_dir = Path(class_dir)
     start = time.perf_counter()
     folders = student_folders(class_dir)
+    if only:
+        unknown = sorted(set(only) - {f.name for f in folders})
+        if unknown:
+            raise ValueError(f"no student folder {', '.join(map(repr, unknown))} in {class_dir.name}")
     if not chapters:  # (from the whole class, so every shard grades out of the same chapters)
         chapters = class_chapters(grader, folders)
         if progress:
@@ -203,7 +212,9 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         k, n = shard
         folders = [f for f in folders if shard_of(f.name, n) == k - 1]
         if progress:
-            print(f"shard {k}/{n}: {len(folders)} students")
+            print(f"shard {k}/{n}: {plural(len(folders), 'student')}")
+    if only:  # (after the chapters: a regraded student keeps the class's columns)
+        folders = [f for f in folders if f.name in only]
     plans: dict[str, tuple[SubmissionResult, list]] = {}
     for folder in folders:
         try:
@@ -235,10 +246,18 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         for name, r in results.items():
             gradescope.write(r, out / name / "results.json")
             html.write(r, out / name / "feedback.html")
+            class_report.save(out, name, r, class_dir, class_report.identical_to_solutions(plans[name][1]))
     if csv_path:
-        write_csv(results, csv_path, class_dir)
+        if only and Path(csv_path).is_file():
+            update_csv(results, csv_path, class_dir)
+        else:
+            write_csv(results, csv_path, class_dir)
+    if out_dir:
+        page = class_report.write(out_dir)
+        if progress:
+            print(f"wrote the class report {page}")
     if progress:
-        print(f"graded {len(results)} submissions in {time.perf_counter() - start:.1f} s with --jobs {jobs}")
+        print(f"graded {plural(len(results), 'submission')} in {time.perf_counter() - start:.1f} s with --jobs {jobs}")
     return dict(sorted(results.items()))
 
 
@@ -290,6 +309,21 @@ def write_csv(results: dict[str, SubmissionResult], path, class_dir=None) -> Non
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([printable(str(c)) for c in row] for row in gradebook.rows(results, class_dir))
+
+
+def update_csv(results: dict[str, SubmissionResult], path, class_dir=None) -> None:
+    """Replace these students' rows (by the ID column) in an existing gradebook CSV, or add
+    them, keeping every other row: regrading a few students (`batch --only`). ValueError if the
+    CSV's columns differ from theirs (it was graded out of other chapters)."""
+    new = [[printable(str(c)) for c in row] for row in gradebook.rows(results, class_dir)]
+    with open(path, newline="", encoding="utf-8") as f:
+        old = list(csv.reader(f))
+    if old[:2] != new[:2]:
+        raise ValueError(f"{path}: its columns differ from this grading's (regrade with the class's --chapters)")
+    ids = {row[1] for row in new[2:]}
+    rows = [row for row in old[2:] if len(row) < 2 or row[1] not in ids] + new[2:]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(new[:2] + sorted(rows, key=gradebook.row_key))
 
 
 def merge_csvs(paths: list, out) -> int:

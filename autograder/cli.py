@@ -44,6 +44,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="input seed (default: $AUTOGRADER_SEED or built in)")
 
 
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected student folder names, e.g. alice,bob")
+    return names
+
+
 def _shard(text: str) -> tuple[int, int]:
     from .batch import parse_shard
 
@@ -70,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("batch", help="grade a class: one sub-folder per student",
                        description="Grade every student folder in CLASS_DIR; write a grades CSV and, "
-                                   "with --out, a results.json and feedback.html per student.")
+                                   "with --out, a results.json and feedback.html per student and the class "
+                                   "report (class_report.html).")
     b.add_argument("class_dir", type=Path)
     b.add_argument("--csv", type=Path, default=Path("grades.csv"), help="grades CSV (default: grades.csv)")
     b.add_argument("--out", type=Path, default=None, help="folder for per-student reports")
@@ -82,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade shard K of N of the class (a deterministic share, by a hash of each student "
                         "folder's name; the chapters come from the whole class): one task of a SLURM array "
                         "or a Kubernetes indexed Job. Join the shards with `merge`.")
+    b.add_argument("--only", type=_names, default=None, metavar="NAMES",
+                   help="regrade these student folders only (comma-separated), out of the class's chapters: "
+                        "their rows replace theirs in the existing --csv, and with --out the class report is "
+                        "rebuilt from every student's saved results there")
     _common(b)
 
     m = sub.add_parser("merge", help="join the CSVs (and report folders) of a class graded in shards",
@@ -92,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--csv", type=Path, required=True, help="the merged grades CSV to write")
     m.add_argument("--reports", type=Path, nargs="*", default=[], metavar="SHARD_OUT",
                    help="the shards' --out folders")
-    m.add_argument("--out", type=Path, default=None, help="folder for the merged per-student reports")
+    m.add_argument("--out", type=Path, default=None,
+                   help="folder for the merged per-student reports and the class report")
 
     z = sub.add_parser("gradescope-zip", help="write the Gradescope autograder zip",
                        description="Write autograder.zip (setup.sh, run_autograder, the grader and the "
@@ -123,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.command == "merge":
         from .batch import merge_csvs, merge_reports
+        from .report.text import plural
         try:
             n = merge_csvs(args.csvs, args.csv)
             if args.reports:
@@ -130,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
                     print("error: --reports needs --out", file=sys.stderr)
                     return 2
                 merge_reports(args.reports, args.out)
+                from .report import class_report
+                print(f"wrote the class report {class_report.write(args.out)}")
         except (OSError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"wrote {args.csv} ({n} students from {len(args.csvs)} shards)")
+        print(f"wrote {args.csv} ({plural(n, 'student')} from {plural(len(args.csvs), 'shard')})")
         return 0
     if args.command == "gradescope-zip":
         from .integrations.gradescope import build_zip
@@ -214,16 +230,22 @@ def _run(args, grader, sandboxes, references) -> int:
         if not args.class_dir.is_dir():
             print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
             return 2
-        results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
-                              chapters=args.chapters, progress=not args.no_progress, shard=args.shard)
-        print(f"wrote {args.csv} ({len(results)} students)")
+        from .report.text import plural
+        try:
+            results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
+                                  chapters=args.chapters, progress=not args.no_progress, shard=args.shard,
+                                  only=args.only)
+        except ValueError as e:  # (--only: a name that is no student folder, a CSV of other columns)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
         if not any(ch.notebook for r in results.values() for ch in r.chapters):
             print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
                   "(an LMS download? `python -m autograder import` makes one folder per student)", file=sys.stderr)
             return 2
         failed = sorted(name for name, r in results.items() if r.error)
         if failed:
-            print(f"error: grading could not finish for {len(failed)} student(s): {', '.join(failed[:10])} "
+            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(failed[:10])} "
                   "(`error` in the CSV; grade them again)", file=sys.stderr)
             return 4
         return 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -104,3 +104,19 @@ class SubmissionResult:
         d = asdict(self)
         d["score"], d["max_score"] = self.score, self.max_score
         return d
+
+    @classmethod
+    def from_plain(cls, d: dict) -> "SubmissionResult":
+        """The inverse of `to_plain` (after a JSON round trip): what `batch --out` keeps of each
+        student for the class report. Unknown keys are ignored; the sandbox stays a string."""
+        chapters = []
+        for ch in d.get("chapters", []):
+            tests = [_make(TestResult, {**t, "cases": [_make(CaseResult, c) for c in t.get("cases", [])]})
+                     for t in ch.get("tests", [])]
+            chapters.append(_make(ChapterResult, {**ch, "tests": tests}))
+        return _make(cls, {**d, "chapters": chapters})
+
+
+def _make(kind, d: dict):
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in d.items() if k in names})

@@ -55,8 +55,9 @@ def _why_blank(ch: ChapterResult | None, chapter: str) -> str | None:
     return None
 
 
-def rows(results: dict[str, SubmissionResult], class_dir=None) -> list[list[str]]:
-    """The CSV's rows, header and Points Possible row first."""
+def rows(results: dict[str, SubmissionResult], class_dir=None, names: dict | None = None) -> list[list[str]]:
+    """The CSV's rows, header and Points Possible row first. names: folder -> (name, LMS id),
+    instead of CLASS_DIR/students.csv's (the class report, rebuilt from saved results)."""
     chapters = [c for c in CHAPTERS if any(ch.chapter == c for r in results.values() for ch in r.chapters)]
     exercises = [(c, ex.name) for c in chapters for ex in CHAPTERS[c].exercises]
     header = LEADING + chapters + [f"{c}: {e}" for c, e in exercises] + ["Total", "Status", "Notes"]
@@ -64,7 +65,7 @@ def rows(results: dict[str, SubmissionResult], class_dir=None) -> list[list[str]
     possible = ([POINTS_POSSIBLE, "", "", "", ""] + [_number(maxima[c]) for c in chapters]
                 + [_number(CHAPTERS[c].exercise(e).points) for c, e in exercises]
                 + [_number(sum(maxima.values())), READ_ONLY, READ_ONLY])
-    names = _students(class_dir)
+    names = _students(class_dir) if names is None else names
     out = [header, possible]
     students = sorted(results.items(), key=lambda item: (*names.get(item[0], (item[0], item[0])), item[0]))
     for folder, r in students:

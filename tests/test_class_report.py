@@ -1,0 +1,198 @@
+"""The class report (`batch --out` writes DIR/class_report.html; report/class_report.py): its
+numbers are the CSV's, hints are counted per student with examples, code identical to the
+published solutions is flagged, regrading one student (`batch --only`) updates the CSV and the
+report, `merge --out` builds it too, student text is escaped, and it shows in a real browser."""
+from __future__ import annotations
+
+import csv
+import html as htmllib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder.batch import grade_class
+from autograder.grading import Grader
+from autograder.report import class_report
+from grading_helpers import REPO, read_gradebook
+
+CH1 = "01_intuition"
+SCALED = "the dot products are scaled by 1/sqrt(d)"
+HOSTILE = "<img src=x onerror=alert(1)>\x1b[2K"  # a student folder's name is the student's text
+
+
+def _mistake(dest: Path) -> None:
+    """Chapter 1's solution with one mistake: attention_pool scales the scores by 1/sqrt(d)."""
+    nb = json.loads((REPO / "solutions" / f"{CH1}.ipynb").read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if "weights = softmax(scores, dim=-1)" in src:
+            cell["source"] = src.replace("weights = softmax(scores, dim=-1)",
+                                         "weights = softmax(scores / query.shape[-1] ** 0.5, dim=-1)")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / f"{CH1}.ipynb").write_text(json.dumps(nb))
+
+
+def _copy(src: str, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / src / f"{CH1}.ipynb", dest)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """A class of five graded on chapter 1: the solutions, the stub, two with the same mistake,
+    and a stub in a folder whose name is HTML with an escape sequence."""
+    root = tmp_path_factory.mktemp("class_report")
+    cls = root / "class"
+    _copy("solutions", cls / "sol")
+    _copy("exercises", cls / "stub")
+    _mistake(cls / "mia")
+    _mistake(cls / "noah")
+    _copy("exercises", cls / HOSTILE)
+    grade_class(cls, Grader(device="cpu"), jobs=1, out_dir=root / "out", csv_path=root / "grades.csv",
+                chapters=[CH1], progress=False)
+    return root
+
+
+def _page(out: Path) -> str:
+    return (out / class_report.PAGE).read_text(encoding="utf-8")
+
+
+def _table(page: str, table_id: str) -> list[list[str]]:
+    """The cells of a table of the page, as text."""
+    body = re.search(rf"<table id='{table_id}'>(.*?)</table>", page, re.S).group(1)
+    return [[htmllib.unescape(re.sub(r"<[^>]+>", "", c)) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)][1:]
+
+
+def test_the_reports_numbers_are_the_csvs(graded):
+    rows = read_gradebook(graded / "grades.csv")
+    page = _page(graded / "out")
+    students = {r[1]: r for r in _table(page, "students")}
+    assert set(students) == {r["ID"] for r in rows.values()}
+    for sid, r in rows.items():
+        assert students[sid][2] == r["Total"] and students[sid][3] == r["Status"]
+    exercises = {r[1]: r for r in _table(page, "exercises")}
+    for ex in ("softmax", "attention_pool", "predict_softmax_large", "fixed_softmax_rows"):
+        column = [float(r[f"{CH1}: {ex}"]) for r in rows.values()]
+        with open(graded / "grades.csv", newline="") as f:
+            table = list(csv.reader(f))
+        most = float(table[1][table[0].index(f"{CH1}: {ex}")])
+        full = sum(v >= most - 1e-9 for v in column)
+        assert exercises[ex][2] == f"{statistics.fmean(column):.2f}", ex
+        assert exercises[ex][4] == f"{full} of {len(column)}", ex
+        assert exercises[ex][5] == f"{100 * full / len(column):.0f}%", ex
+    totals = [float(r["Total"]) for r in rows.values()]
+    assert f"<span id='mean-total'>{statistics.fmean(totals):.2f}</span>" in page
+    assert float(rows["mia"]["Total"]) < float(rows["sol"]["Total"])
+
+
+def test_hints_are_counted_per_student_with_examples(graded):
+    hints = [r for r in _table(_page(graded / "out"), "hints") if SCALED in r[3]]
+    assert len(hints) == 1, _table(_page(graded / "out"), "hints")
+    students, cases, exercise, _, examples = hints[0]
+    assert students == "2" and int(cases) >= 2 and exercise == f"{CH1}: attention_pool"
+    assert examples == "mia, noah"
+
+
+def test_code_identical_to_the_published_solutions_is_flagged(graded):
+    flags = {(r[0], r[1]): r[2] for r in _table(_page(graded / "out"), "flags")}
+    same = "identical to the published solution"
+    assert flags[("sol", same)] == f"{CH1}: softmax, {CH1}: attention_pool"
+    assert flags[("mia", same)] == f"{CH1}: softmax"  # (their attention_pool differs)
+    assert not any(name == "stub" for name, _ in flags)
+    # a flag, not a penalty: the solutions keep full marks
+    assert read_gradebook(graded / "grades.csv")["sol"]["Status"] == "ok"
+
+
+def test_reformatted_code_is_still_identical_and_a_changed_one_is_not(tmp_path):
+    nb = json.loads((REPO / "solutions" / f"{CH1}.ipynb").read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if src.startswith("def softmax("):
+            body = "\n".join(line.split("  #")[0] for line in src.splitlines() if not line.strip().startswith("#"))
+            cell["source"] = "# my own work\n\n" + body.replace('"""Numerically', '"""My numerically')
+    (tmp_path / f"{CH1}.ipynb").write_text(json.dumps(nb))
+    assert class_report.identical_to_solutions([(CH1, tmp_path / f"{CH1}.ipynb")]) == \
+        [[CH1, "softmax"], [CH1, "attention_pool"]]
+    _mistake(tmp_path / "m")
+    assert [CH1, "attention_pool"] not in class_report.identical_to_solutions([(CH1, tmp_path / "m" / f"{CH1}.ipynb")])
+
+
+def test_student_text_is_escaped(graded):
+    page = _page(graded / "out")
+    assert HOSTILE not in page and "<img src=x" not in page and "\x1b" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;\\x1b[2K" in page
+
+
+def test_regrading_one_student_updates_the_csv_and_the_report(graded, tmp_path):
+    cls, out, grades = tmp_path / "class", tmp_path / "out", tmp_path / "grades.csv"
+    shutil.copytree(graded / "class", cls)
+    shutil.copytree(graded / "out", out)
+    shutil.copy(graded / "grades.csv", grades)
+    before = read_gradebook(grades)
+    _copy("solutions", cls / "mia")  # mia hands in a corrected notebook
+    r = subprocess.run([sys.executable, "-m", "autograder", "batch", str(cls), "--only", "mia", "--chapters", "01",
+                        "--device", "cpu", "--csv", str(grades), "--out", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    after = read_gradebook(grades)
+    assert float(after["mia"]["Total"]) == float(after["sol"]["Total"]) > float(before["mia"]["Total"])
+    assert {k: v for k, v in after.items() if k != "mia"} == {k: v for k, v in before.items() if k != "mia"}
+    with open(grades, newline="") as f:
+        assert [row[0] for row in list(csv.reader(f))[2:]] == sorted(before)  # every row once, in order
+    page = _page(out)
+    students = {row[1]: row for row in _table(page, "students")}
+    assert students["mia"][2] == after["mia"]["Total"]
+    hint = next(row for row in _table(page, "hints") if SCALED in row[3])
+    assert hint[0] == "1" and hint[4] == "noah"
+    flags = {(row[0], row[2]) for row in _table(page, "flags")}
+    assert ("mia", f"{CH1}: softmax, {CH1}: attention_pool") in flags
+
+
+def test_only_names_a_student_folder(graded):
+    with pytest.raises(ValueError, match="no student folder 'zoe'"):
+        grade_class(graded / "class", Grader(device="cpu"), only=["zoe"], chapters=[CH1], progress=False)
+
+
+def test_merge_builds_the_class_report(graded, tmp_path):
+    from autograder.cli import main
+
+    shards = [tmp_path / "r1", tmp_path / "r2"]
+    for i, folder in enumerate(sorted(p for p in (graded / "out").iterdir() if p.is_dir())):
+        shutil.copytree(folder, shards[i % 2] / folder.name)
+    assert main(["merge", str(graded / "grades.csv"), "--csv", str(tmp_path / "g.csv"),
+                 "--reports", *map(str, shards), "--out", str(tmp_path / "merged")]) == 0
+    assert _table(_page(tmp_path / "merged"), "students") == _table(_page(graded / "out"), "students")
+
+
+def test_the_class_report_in_a_browser(graded):
+    """Chromium shows both plots (decoded, naturalWidth > 0) and the CSV's totals."""
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    chromium = os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).exists():
+        pytest.skip(f"no browser at {chromium}")
+    rows = read_gradebook(graded / "grades.csv")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            requests = []
+            page.on("request", lambda req: requests.append(req.url))
+            page.goto((graded / "out" / class_report.PAGE).as_uri())
+            images = page.evaluate("[...document.images].map(i => ({id: i.id, alt: i.alt, w: i.naturalWidth, "
+                                   "h: i.naturalHeight, shown: i.getBoundingClientRect().width}))")
+            assert {i["id"] for i in images} == {"histogram", "pass-rates"}
+            assert all(i["w"] > 0 and i["h"] > 0 and i["shown"] > 0 and i["alt"] for i in images), images
+            totals = page.evaluate("Object.fromEntries([...document.querySelectorAll('#students tr')].slice(1)"
+                                   ".map(r => [r.cells[1].innerText, r.cells[2].innerText]))")
+            assert totals == {sid: r["Total"] for sid, r in rows.items()}
+            assert all(u.startswith(("file:", "data:")) for u in requests), requests  # nothing from the network
+        finally:
+            browser.close()
