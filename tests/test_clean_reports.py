@@ -100,4 +100,7 @@ def test_no_control_character_reaches_a_report(tmp_path):
     csv_text = (tmp_path / "grades.csv").read_text(encoding="utf-8")
     _clean(csv_text, "grades.csv")
     assert "mallory\\x1b[2K" in csv_text
-    assert [p.name for p in (tmp_path / "reports").iterdir()] == [FOLDER]
+    assert [p.name for p in (tmp_path / "reports").iterdir() if p.is_dir()] == [FOLDER]
+    class_page = (tmp_path / "reports" / "class_report.html").read_text(encoding="utf-8")
+    _clean(class_page, "class_report.html")
+    assert "mallory\\x1b[2K" in class_page  # the student's folder, shown escaped
