@@ -83,7 +83,8 @@ def test_two_shards_merged_equal_one_batch(tmp_path):
                         "--out", tmp_path / "reports"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "merged.csv").read_text() == (tmp_path / "whole.csv").read_text()
-    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == sorted(names)
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir() if p.is_dir()) == sorted(names)
+    assert "8 students" in (tmp_path / "reports" / "class_report.html").read_text()  # (the whole class)
     shard_rows = [len((tmp_path / f"shard{k}.csv").read_text().splitlines()) - 2 for k in (1, 2)]  # (header, points)
     assert sum(shard_rows) == 8 and min(shard_rows) > 0
 
