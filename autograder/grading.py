@@ -7,9 +7,10 @@ are made in the trusted process.
 Scoring: each exercise's points are split between a CPU test (80%) and a device-portability
 test (20%): on CUDA (float32, float16 and bfloat16) where `torch.cuda.is_available()`, else on
 the `meta` device (shapes, dtypes and devices only, which catches tensors created on a fixed
-device). Within a test, credit is the fraction of cases passed; a portability case counts only
-where the same case passes on the CPU. Use of a forbidden built-in anywhere in an exercise zeroes
-the exercise. Every case is judged by `judge`, which the self-check and nbgrader use too.
+device); a written answer ("predict the output") is one CPU test for all its points. Within a
+test, credit is the fraction of cases passed; a portability case counts only where the same case
+passes on the CPU. Use of a forbidden built-in anywhere in an exercise zeroes the exercise.
+Every case is judged by `judge`, which the self-check and nbgrader use too.
 """
 from __future__ import annotations
 
@@ -194,14 +195,16 @@ STOPPING_ASPECTS = ("timeout", "crash", "missing")
 
 
 def variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
-    """The calls of one device test, each with the index of the case it comes from."""
+    """The calls of one device test, each with the index of the case it comes from. A written
+    answer (`Call.answer`) is a value, not code: it has no device variant."""
     if device == "cpu":
         return list(enumerate(cases))
+    code = [(i, c) for i, c in enumerate(cases) if not c.answer]
     if device == "meta":
-        return [(i, c.on("meta", "float32")) for i, c in enumerate(cases) if not c.train]
-    out = [(i, c.on("cuda", "float32")) for i, c in enumerate(cases)]
+        return [(i, c.on("meta", "float32")) for i, c in code if not c.train]
+    out = [(i, c.on("cuda", "float32")) for i, c in code]
     for dt in HALF_DTYPES:
-        halves = [(i, c) for i, c in enumerate(cases)
+        halves = [(i, c) for i, c in code
                   if not (c.expect_error or c.as_default or c.train or c.capped_memory)]
         out += [(i, c.on("cuda", dt)) for i, c in halves[:HALF_CASES]]
     return out
@@ -279,6 +282,15 @@ def _static_inplace(static, notebook, call: Call) -> Mismatch | None:
     return None
 
 
+def exercise_tests(ex: Exercise, devices: list[str]) -> list[tuple[str, float]]:
+    """(device, share of the exercise's points) of each test of one exercise: 80% CPU and 20%
+    device portability, except a written answer ("answer" kind), which is a value and not code:
+    one test, read on the CPU, for all its points."""
+    if ex.kind == "answer":
+        return [("cpu", 1.0)]
+    return [(device, CPU_SHARE if device == "cpu" else 1 - CPU_SHARE) for device in devices]
+
+
 def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
                    seed: int, quick: bool = False, static=None, notebook=None) -> list[TestResult]:
     """Every test of one exercise; `run` executes a Call on the student's side. A portability
@@ -289,8 +301,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
-    for device in devices:
-        share = CPU_SHARE if device == "cpu" else 1 - CPU_SHARE
+    for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
         for index, c in variants(cases, device):
@@ -400,8 +411,7 @@ def zero_chapter(chapter: Chapter, devices: list[str], note: str) -> list[TestRe
     """Every test of a chapter at zero, with one message (unreadable notebook, ...)."""
     tests = []
     for ex in chapter.exercises:
-        for device in devices:
-            share = CPU_SHARE if device == "cpu" else 1 - CPU_SHARE
+        for device, share in exercise_tests(ex, devices):
             tests.append(TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4), note=note))
     return tests
 

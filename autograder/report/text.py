@@ -13,7 +13,8 @@ from ..untrusted_text import printable
 # What the "meta" device of the reports is (the README's words, "Scoring"); said once per report.
 META_NOTE = ("meta: the device-portability check where no GPU is present: the code runs again on "
              "PyTorch's meta device, which has shapes but no values, to catch tensors created on a fixed "
-             "device; it carries 20% of each exercise's points, credited only for cases correct on the CPU.")
+             "device; it carries 20% of each exercise's points (a written answer is not run there), "
+             "credited only for cases correct on the CPU.")
 
 
 def plural(n: int, word: str) -> str:
