@@ -8,6 +8,13 @@ in `autograder/data/selfcheck.agw` (made from the reference solutions by
 `python -m autograder selfcheck-data`), so it needs neither the solutions nor the grader's
 hidden cases, and reveals no reference code. Failures raise `SelfCheckFailed` with the same
 diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint.
+
+A written answer ("predict the output", contract kind "answer") is the exception: this check
+runs where the student can read and patch everything, so its data hold no expected value for
+it, only the shape the question asks for (`answers.form`). It checks the answer's form (not
+`...`, numbers, that shape) and says the answer is recorded, with the same words for a right
+and a wrong value; the autograder, which computes the expected value from the reference
+solutions, checks the value.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from . import wire
+from .answers import check_form, form, shape_words
 from .calls import Call, Outcome
 from .compare import Mismatch
 from .contract import CHAPTERS
@@ -38,7 +46,7 @@ def _fixtures() -> dict:
 
 def build_fixtures() -> dict:
     """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
-    meta-device variant as the grader runs it)."""
+    meta-device variant as the grader runs it); of a written answer, only its form."""
     from .cases import build_cases
     from .grading import variants
     from .inputs import SELF_CHECK_SEED
@@ -49,6 +57,11 @@ def build_fixtures() -> dict:
         ref = load_reference(chapter.id)
         for ex in chapter.exercises:
             cases = build_cases(chapter.id, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
+            if ex.kind == "answer":  # never the value: the shape asked for, nothing a loop could invert
+                data[f"{chapter.id}/{ex.name}"] = [
+                    {"call": c.to_plain(), "expected": form(execute(ref, c)).to_plain(), "expected_meta": None}
+                    for c in cases]
+                continue
             meta = dict(variants(cases[:1], "meta"))
             data[f"{chapter.id}/{ex.name}"] = [
                 {"call": c.to_plain(), "expected": execute(ref, c).to_plain(),
@@ -64,13 +77,19 @@ def write_fixtures(path: Path = DATA) -> None:
 
 def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
     """(call, mismatch or None, note) for each quick case up to the first failure, then the
-    first case on the meta device; judged by the grader's own rule (`grading.judge`)."""
+    first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
+    answer: its form only (`answers.check_form`), whatever its value."""
     from .grading import forbidden_message, judge, variants
 
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}
     results = []
     entries = _fixtures()[f"{chapter}/{exercise}"]
+    if ex.kind == "answer":
+        for entry in entries:
+            c = Call.from_plain(entry["call"])
+            results.append((c, check_form(c, execute(namespace, c), Outcome.from_plain(entry["expected"])), ""))
+        return results
     for entry in entries:
         c = Call.from_plain(entry["call"])
         verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]))
@@ -95,7 +114,10 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     failed = [(c, m) for c, m, _ in results if m]
     answer = CHAPTERS[chapter].exercise(exercise).kind == "answer"
     if not failed and answer:
-        print(f"✓ {exercise}: right.")
+        shape = _fixtures()[f"{chapter}/{exercise}"][0]["expected"]["meta"][0]["shape"]
+        print(f"✓ {exercise}: recorded ({shape_words(shape)}, the form the question asks for).\n"
+              "  This check looks at the form only and says the same for any value; whether the value "
+              "is right, only the autograder checks.")
         return True
     if not failed:
         print(f"✓ {exercise}: {len(results)} quick checks passed "

@@ -1,7 +1,9 @@
 """Cases and hints of the exercises of other kinds than "implement", every chapter's together:
 
 - "predict the output" (`predict_*`, contract kind "answer"): one call that reads the value the
-  student wrote (Call.answer); compared by autograder/answers.py, to 0.01.
+  student wrote (Call.answer); compared by autograder/answers.py, to 0.01, in the grader only.
+  The hints of likely wrong answers name the reasoning that was missed, never the right value
+  nor a fact that gives it (this source is public: tests/test_written_answers.py).
 - "find the bug" (`fixed_*`): the notebook shows a buggy function from the chapter's common
   mistakes; the student writes the corrected one under the `fixed_*` name, graded like any
   function, on a few small cases, the quick ones among them showing the bug.
@@ -215,59 +217,71 @@ HINTS = {
     ("01_intuition", "predict_softmax_large"): Hints(explain=answer_hints(
         ([float("nan")] * 3, "a stable softmax subtracts the row's maximum first, so exp(1000) is never computed "
                              "and nothing overflows"),
-        ([1 / 3] * 3, "exp(-inf) is exactly 0: a -inf entry gets no weight at all"),
-        ([1.0, 0.0, 0.0], "the two equal entries share the weight equally"))),
+        ([1 / 3] * 3, "a -inf entry is not an ordinary score: work out exp(-inf), and so the weight it gets"),
+        ([1.0, 0.0, 0.0], "two of the entries are equal, and the softmax cannot tell equal entries apart: "
+                          "look again at the weights you gave those two"))),
     ("01_intuition", "fixed_softmax_rows"): Hints((
         Mistake("the buggy version is unchanged: subtract each row's own maximum "
                 "(x.amax(-1, keepdim=True)), not the maximum of the whole tensor", _softmax_global_max),)),
     ("02_scaled_dot_product_attention", "predict_equal_keys_output"): Hints(explain=answer_hints(
-        ([[5.0, 6.0]], "identical keys get identical scores, whatever the query: the weights are equal"),
-        ([[1.0, 2.0]], "identical keys get identical scores, whatever the query: the weights are equal"),
-        ([[9.0, 12.0]], "the weights sum to 1: the output is the mean of the values, not their sum"))),
+        ([[5.0, 6.0]], "the output mixes every value, not one of them: work out each key's score against "
+                       "this query, then the weights those scores give"),
+        ([[1.0, 2.0]], "the output mixes every value, not one of them: work out each key's score against "
+                       "this query, then the weights those scores give"),
+        ([[9.0, 12.0]], "that is the values' plain sum, as if every weight were 1: what do a softmax's "
+                        "weights add up to?"))),
     ("02_scaled_dot_product_attention", "fixed_masked_attention"): Hints((
         Mistake("the mask is still applied after the softmax: mask the scores (masked_fill with -inf) before "
                 "the softmax, so that each row of weights sums to 1",
                 lambda c: _sdpa(*c.args, after_softmax=True)),)),
     ("03_multi_head_attention", "predict_split_heads_shape"): Hints(explain=answer_hints(
-        ([2, 5, 3, 4], "split_heads puts the head axis before the sequence axis: (..., H, L, D // H)"),
-        ([2, 3, 5, 12], "each head gets D // H features, not all D"))),
+        ([2, 5, 3, 4], "check the order of the axes in split_heads's contract: where does the head "
+                       "axis go, relative to the sequence axis?"),
+        ([2, 3, 5, 12], "the heads share the features among them, they do not each get all of them: "
+                        "how many does each head get?"))),
     ("03_multi_head_attention", "fixed_heads_attention"): Hints((
         Mistake("the scores are still scaled by sqrt(D): each head's dot products run over d_h = D // num_heads "
                 "features, so divide by sqrt(D // num_heads)",
                 lambda c: _heads(*c.args, scale_dim=c.args[0].shape[-1])),)),
     ("04_positional_encoding", "predict_pe_first_row"): Hints(explain=answer_hints(
-        ([1, 0, 1, 0, 1, 0], "even columns hold sines and odd columns cosines: sin(0) = 0, cos(0) = 1"),
-        ([0] * 6, "the odd columns are cosines, and cos(0) = 1"))),
+        ([1, 0, 1, 0, 1, 0], "check which columns hold sines and which cosines (PE[p, 2i] and PE[p, 2i+1]), "
+                             "then what each gives at position 0"),
+        ([0] * 6, "not every column is a sine: look at what the odd columns hold, and what that gives at "
+                  "position 0"))),
     ("04_positional_encoding", "fixed_pe_angles"): Hints((
         Mistake("the exponent still uses the pair index i: it must be 2i / d_model (torch.arange(0, d_model, 2))",
                 lambda c: _angles(c, pair_index=True)),)),
     ("05_masks", "predict_fully_masked_weights"): Hints(explain=answer_hints(
         ([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]], "that is the course's convention, not what this code does: -1e9 is "
-                                              "an ordinary (very negative) number, and a row of equal numbers "
-                                              "softmaxes to equal weights"),
-        ([[0.5, 0.5, 0.0], [float("nan")] * 3], "-1e9 is finite: no NaN appears (a row of -inf would give NaN)"))),
+                                              "an ordinary (very negative) number, and the softmax of the "
+                                              "second row is computed from it like from any other scores"),
+        ([[0.5, 0.5, 0.0], [float("nan")] * 3], "-1e9 is a finite number, not -inf: follow the softmax of the "
+                                                 "second row with it, as with any other scores"))),
     ("05_masks", "fixed_masked_softmax"): Hints((
         Mistake("a fully masked row still gets uniform weights (the -1e9 fill): give such rows zero weights",
                 lambda c: _masked_softmax(c, fill=-1e9)),
         Mistake("a fully masked row gives NaN (-inf without handling the all-masked row): turn such rows into zeros",
                 lambda c: _masked_softmax(c, fill=float("-inf"))))),
     ("06_gated_global_attention", "predict_zero_gate_factor"): Hints(explain=answer_hints(
-        (0.0, "the gate is sigmoid(linear_g(x)), and sigmoid(0) = 0.5, not 0"),
-        (1.0, "the gate is sigmoid(linear_g(x)), and sigmoid(0) = 0.5"))),
+        (0.0, "the gate is not linear_g(x) itself: it goes through a sigmoid, sigmoid(linear_g(x)); "
+              "work out what the sigmoid gives here"),
+        (1.0, "the gate is sigmoid(linear_g(x)): work out linear_g(x) when its weights and bias are zero, "
+              "then the sigmoid of that"))),
     ("06_gated_global_attention", "fixed_global_query"): Hints((
         Mistake("still divided by the full length: a masked mean divides by the number of positions "
                 "whose mask is 1 (mask.sum(-1, keepdim=True))", lambda c: _global_query(c, divide_by_length=True)),)),
     ("07_efficient_attention", "predict_window_row"): Hints(explain=answer_hints(
-        ([0, 1, 1, 1, 1, 0], "off by one: the window of 3 counts the query's own position (0 <= i - j < 3)"),
-        ([0, 0, 0, 1, 1, 1], "the mask is causal: key 5 comes after query 4"),
-        ([0, 1, 1, 1, 0, 0], "the window includes the query itself: key 4 is visible to query 4"))),
+        ([0, 1, 1, 1, 1, 0], "off by one: count the visible keys again with the condition of "
+                             "sliding_window_mask's contract (does the window count the query's own position?)"),
+        ([0, 0, 0, 1, 1, 1], "the mask is causal: can a query see a key that comes after it?"),
+        ([0, 1, 1, 1, 0, 0], "look at the query's own position: does the window count it?"))),
     ("07_efficient_attention", "fixed_merge_softmax_stats"): Hints((
         Mistake("the sums are still added as they are: rescale each by exp(m_block - m_new) to the new maximum "
                 "before adding", lambda c: _merge(c, rescale=False)),)),
     ("08_transformer", "predict_feedforward_params"): Hints(explain=answer_hints(
-        (512, "nn.Linear has a bias by default: fc1 has 32 and fc2 8 more parameters"),
-        (544, "fc2 has a bias too (8 parameters)"),
-        (520, "fc1 has a bias too (32 parameters)"))),
+        (512, "nn.Linear has a bias by default: count each layer's bias too"),
+        (544, "fc2 has a bias too: count its parameters"),
+        (520, "fc1 has a bias too: count its parameters"))),
     ("08_transformer", "fixed_next_token_loss"): Hints((
         Mistake("the targets are not shifted: position t predicts token t + 1, so compare logits[:, :-1] with "
                 "tokens[:, 1:]", lambda c: _loss(c, shift=False)),)),
