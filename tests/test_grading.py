@@ -42,7 +42,9 @@ def test_quick_cases_are_few_and_run_on_cpu_and_meta(chapter):
     for ex in CHAPTERS[chapter].exercises:
         calls = build_cases(chapter, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
         fewest = 1 if ex.kind == "answer" else 2  # a "predict" answer is one value
-        assert fewest <= len(calls) <= 7, (ex.name, len(calls))
+        # (a few more than the basics where the exercise states rules that each need a case of
+        # their own: autograder/rules.py; MultiHeadAttention has the most, 8)
+        assert fewest <= len(calls) <= 8, (ex.name, len(calls))
         for c in calls:
             assert execute(ref, c).error is None or c.expect_error, (ex.name, c.case)
             if not c.train:

@@ -62,7 +62,9 @@ def online_softmax_attention(q, k, v, mask=None, block_size=64):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if mask is not None:
         s = torch.where(mask, s, float("-inf")) if mask.dtype == torch.bool else s + mask
-    return out, torch.logsumexp(s, dim=-1)
+    dead = torch.isneginf(s).all(-1)  # (no NaN gradient through a fully masked row's logsumexp)
+    lse = torch.logsumexp(torch.where(dead[..., None], 0.0, s), dim=-1)
+    return out, torch.where(dead, float("-inf"), lse)
 '''
 
 

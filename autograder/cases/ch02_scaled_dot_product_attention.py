@@ -68,11 +68,18 @@ def _self_attention_cases(gen, ref, quick):
         specs += [("batch (3,), x (3, 7, 6), d_k=6, mask with a fully masked row", 6, 6, (3, 7, 6), (3, 7, 7),
                    1, "float64"),
                   ("d_model=5, d_k=3 (odd sizes), float32", 5, 3, (2, 4, 5), None, 0, "float32")]
+    # (last, so the cases above keep their inputs) the fully masked rule with a float mask
+    specs += [("batch (2,), x (2, 4, 6), d_k=3, additive float mask with a fully -inf row", 6, 3, (2, 4, 6),
+               (4, 4), -1, "float64")]
     for name, d_model, d_k, xshape, mshape, full_rows, dtype in specs:
         state = distinct_state(cls(d_model, d_k), gen)
-        kwargs = {"mask": bool_mask(gen, *mshape, full_rows=full_rows)} if mshape else {}
+        if full_rows < 0:
+            kwargs = {"mask": float_mask(gen, *mshape, full_rows=-full_rows)}
+        else:
+            kwargs = {"mask": bool_mask(gen, *mshape, full_rows=full_rows)} if mshape else {}
+        grad = ["args.0", "params"] + (["kwargs.mask"] if full_rows < 0 else [])
         out.append(call(name, randn(gen, *xshape), init={"d_model": d_model, "d_k": d_k}, state=state,
-                        kwargs=kwargs, grad=["args.0", "params"], dtype=dtype))
+                        kwargs=kwargs, grad=grad, dtype=dtype))
     return out
 
 

@@ -49,7 +49,7 @@ def _online_cases(gen, quick):
              kwargs={"block_size": 1}, grad=g),
     ]
     if quick:
-        return cs
+        return cs + _online_rule_cases(gen, g)
     # The grader scores memory where the student's process cannot reach: this call runs in a
     # child whose memory the kernel caps (Limits.memory_case, 192 MiB above what it holds at its
     # start, the notebook's own cells included) below the score matrix of all keys (2^26
@@ -83,6 +83,26 @@ def _online_cases(gen, quick):
              kwargs={"block_size": 2}, grad=g),
         call("float32 inputs keep float32, block_size=4", randn(gen, 2, 3, 4), randn(gen, 2, 9, 4),
              randn(gen, 2, 9, 4), kwargs={"block_size": 4}, dtype="float32"),
+    ] + _online_rule_cases(gen, g)
+
+
+def _online_rule_cases(gen, g):
+    """Rules the self-check must show too (autograder/rules.py), on purpose: a float mask's fully
+    -inf row, and a wholly masked key block of a query that has keys left, with gradients (blocks
+    merged through logsumexp/logaddexp give NaN gradients there). Last in both lists, so the
+    cases before them keep their inputs."""
+    # additive, so autograd reaches the masked scores (a boolean mask's masked_fill would zero
+    # their NaN gradients before they reach q and k)
+    block = torch.zeros(2, 5, 6, dtype=torch.float64)
+    block[:, :, 2:4] = float("-inf")               # keys 2-3: the second block of 2, for every query
+    block[1, 3] = float("-inf")                    # and one query with no key at all
+    return [
+        call("additive float mask with a fully -inf row, block_size=2 (gradients too)",
+             randn(gen, 2, 4, 3), randn(gen, 2, 6, 3), randn(gen, 2, 6, 2),
+             kwargs={"mask": float_mask(gen, 4, 6, full_rows=1), "block_size": 2}, grad=g),
+        call("a key block wholly -inf for queries that have other keys, block_size=2 (gradients too)",
+             randn(gen, 2, 5, 4), randn(gen, 2, 6, 4), randn(gen, 2, 6, 3),
+             kwargs={"mask": block, "block_size": 2}, grad=g),
     ]
 
 
@@ -123,8 +143,20 @@ def _gqa_cases(gen, quick, ref):
         call("E=8, num_heads=4, num_kv_heads=3: ValueError",
              init={"embed_dim": 8, "num_heads": 4, "num_kv_heads": 3}, expect_error="ValueError"),
     ]
+
+    def rule_cases():
+        """Fully masked rows, boolean and float, on purpose (a -1e6 fill that leaves them uniform
+        scored full marks before); last in both lists, so the cases before keep their inputs."""
+        padding = torch.tensor([True, True, False, True, False, False, False, False]).view(2, 1, 1, 4)
+        return [
+            module_call("padding mask (B, 1, 1, L) that masks every key of one sequence, H=4, H_kv=2",
+                        8, 4, 2, 2, 4, mask=padding),
+            module_call("additive float mask (L, L) with a fully -inf row, H=4, H_kv=1", 8, 4, 1, 2, 4,
+                        mask=float_mask(gen, 4, 4, full_rows=1)),
+        ]
+
     if quick:
-        return cs
+        return cs + rule_cases()
     return cs + [
         module_call("multi-head: H_kv = H = 4, no mask", 8, 4, 4, 2, 5),
         module_call("groups of 3: H=6, H_kv=2, bias=True, padding mask (B, 1, 1, L)", 12, 6, 2, 2, 4, bias=True,
@@ -135,7 +167,7 @@ def _gqa_cases(gen, quick, ref):
         call("E=10, num_heads=4: ValueError",
              init={"embed_dim": 10, "num_heads": 4, "num_kv_heads": 2}, expect_error="ValueError"),
         module_call("float32, H=4, H_kv=2", 8, 4, 2, 2, 3, dtype="float32"),
-    ]
+    ] + rule_cases()
 
 
 def _window_cases(gen, quick):

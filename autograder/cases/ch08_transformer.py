@@ -32,9 +32,55 @@ def cases(exercise, gen, ref, quick):
     raise KeyError(exercise)
 
 
+FF_DROPOUT_P = 0.25
+
+
 def compare(call, student, expected, notes=None):
-    """Chapter 3's comparison (training-mode dropout of MultiHeadAttention graded by properties)."""
+    """Chapter 3's comparison (training-mode dropout of MultiHeadAttention graded by properties),
+    and FeedForward's training-mode dropout by its own properties."""
+    if call.exercise == "FeedForward" and call.train and (call.init or {}).get("dropout"):
+        return ff_dropout_properties(call, student, expected)
     return ch03.compare(call, student, expected, notes)
+
+
+def ff_dropout_properties(call, student, expected):
+    """FeedForward in training mode with p > 0, graded by what holds whatever the random stream:
+    (1) shape, dtype and device as the reference's; (2) every output element is 0 (dropped) or
+    the eval-mode output / (1-p): dropout acts once, on fc2's output; (3) the share dropped is
+    within 5 standard deviations of p. The reference's own draw must pass, or it is a grader bug."""
+    from ..compare import Mismatch, compare_meta
+
+    m = compare_meta(call, student, expected)
+    if m:
+        return m
+    p = float(call.init["dropout"])
+    eval_out = _ff_model(call)[0]
+
+    def violation(outcome):
+        out = outcome.outputs[0].double()
+        if not torch.isfinite(out).all():
+            return Mismatch("nonfinite", "in training mode the output contains NaN or inf.", output=0)
+        rtol, atol = (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-4)
+        dropped = out.abs() <= atol
+        kept = torch.isclose(out, eval_out / (1 - p), rtol=rtol, atol=atol)
+        bad = ~(dropped | kept)
+        if bad.any():
+            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+            return Mismatch("values", f"in training mode with dropout={p}, each output element is either 0 "
+                            f"(dropped) or the eval-mode value divided by (1 - p) = {1 - p}; at index {idx} it is "
+                            f"{out[idx].item():.6g} (eval-mode value {eval_out[idx].item():.6g}): dropout acts once, "
+                            "on fc2's output (not after the activation, nor twice).", output=0, where=list(idx))
+        n = out.numel()
+        share, sd = float(dropped.double().mean()), (p * (1 - p) / n) ** 0.5
+        if abs(share - p) > 5 * sd:
+            return Mismatch("values", f"in training mode with dropout={p}, {share:.0%} of the output was dropped "
+                            f"(expected about {p:.0%}): pass p as the drop probability, not the keep one.", output=0)
+        return None
+
+    if violation(expected) is not None:
+        return Mismatch("grader", "the reference fails its own training-mode dropout check; "
+                        "please report this to your instructor.")
+    return violation(student)
 
 
 def causal(L):
@@ -51,8 +97,9 @@ def _ff_call(name, gen, cls, *, E, hidden, shape, dropout=None, train=False, dty
     if dropout is not None:
         init["dropout"] = dropout
     state = distinct_state(cls(**init), gen)
+    random = train and bool(dropout)  # (random values: graded by properties, no gradients)
     return call(name, randn(gen, *shape, E, scale=2.0), init=init, state=state, train=train,
-                grad=["args.0", "params"], dtype=dtype)
+                grad=[] if random else ["args.0", "params"], dtype=dtype)
 
 
 def _ff_cases(gen, ref, quick):
@@ -63,13 +110,16 @@ def _ff_cases(gen, ref, quick):
         _ff_call("dropout=0.5 in eval mode: dropout must be off", gen, cls, E=8, hidden=16, shape=(2, 3),
                  dropout=0.5),
     ]
+    train = lambda: _ff_call(f"dropout={FF_DROPOUT_P} in training mode: the output dropped and rescaled, once",  # noqa: E731
+                             gen, cls, E=16, hidden=24, shape=(8, 16), dropout=FF_DROPOUT_P, train=True)
     if quick:
-        return cs
+        return cs + [train()]
     return cs + [
         _ff_call("four leading dims (2, 1, 3, 2), E=5, hidden_dim=7", gen, cls, E=5, hidden=7, shape=(2, 1, 3, 2)),
         _ff_call("dropout=0.0 in training mode", gen, cls, E=6, hidden=12, shape=(2, 4), dropout=0.0, train=True),
         _ff_call("hidden_dim < embed_dim (E=12, hidden_dim=4)", gen, cls, E=12, hidden=4, shape=(3, 2)),
         _ff_call("float32, x (2, 6, 16), hidden_dim=64", gen, cls, E=16, hidden=64, shape=(2, 6), dtype="float32"),
+        train(),
     ]
 
 
@@ -95,8 +145,17 @@ def _block_cases(gen, ref, quick):
         _block_call("dropout=0.5 in eval mode: dropout must be off; padding mask (B, 1, 1, L)", gen, cls,
                     E=8, H=4, hidden=8, L=6, dropout=0.5, mask=bool_mask(gen, 2, 1, 1, 6, p=0.3, full_rows=0)),
     ]
+
+    def rule_cases():  # (last in both lists, so the cases before keep their inputs)
+        return [
+            _block_call("bool mask (L, L) with a fully masked row, E=8, 2 heads", gen, cls, E=8, H=2, hidden=16,
+                        L=4, mask=bool_mask(gen, 4, 4, full_rows=1)),
+            _block_call("additive float mask (B, 1, L, L) with a fully -inf row", gen, cls, E=6, H=3, hidden=12,
+                        L=4, mask=float_mask(gen, 2, 1, 4, 4, full_rows=1)),
+        ]
+
     if quick:
-        return cs
+        return cs + rule_cases()
     return cs + [
         _block_call("bool mask (L, L) with a fully masked row", gen, cls, E=6, H=2, hidden=12, L=5,
                     mask=bool_mask(gen, 5, 5, full_rows=1)),
@@ -107,7 +166,7 @@ def _block_cases(gen, ref, quick):
         _block_call("one head, L=1, E=4, hidden_dim=4", gen, cls, E=4, H=1, hidden=4, L=1),
         _block_call("float32, B=2, L=7, E=16, 4 heads, causal", gen, cls, E=16, H=4, hidden=32, L=7,
                     mask=causal(7), dtype="float32"),
-    ]
+    ] + rule_cases()
 
 
 # ----------------------------------------------------------------------------- TinyTransformer
@@ -136,8 +195,16 @@ def _tiny_cases(gen, ref, quick):
         _tiny_call("L=7 > max_len=5: ValueError", gen, cls, vocab=5, max_len=5, E=4, H=2, layers=1, hidden=8,
                    L=7, expect_error="ValueError"),
     ]
+
+    def rule_cases():  # (last in both lists, so the cases before keep their inputs)
+        return [_tiny_call("2 blocks, mask (L, L) with a fully masked row: finite logits and gradients", gen, cls,
+                           vocab=8, max_len=6, E=8, H=2, layers=2, hidden=16, L=5,
+                           mask=bool_mask(gen, 5, 5, full_rows=1))]
+
     if quick:
-        return cs
+        return cs + rule_cases() + [
+            _tiny_call("dropout=0.5 in eval mode, 1 block: dropout must be off", gen, cls, vocab=6, max_len=5, E=4,
+                       H=2, layers=1, hidden=8, L=5, dropout=0.5, mask=causal(5))]
     return cs + [
         _tiny_call("3 blocks, padding mask (B, 1, 1, L), every block's weights returned", gen, cls, vocab=9,
                    max_len=8, E=8, H=2, layers=3, hidden=8, B=3, L=5,
@@ -148,7 +215,7 @@ def _tiny_cases(gen, ref, quick):
                    hidden=16, L=3, dropout=0.0, train=True),
         _tiny_call("float32, 2 blocks, causal, L=8 < max_len=16", gen, cls, vocab=13, max_len=16, E=16, H=4,
                    layers=2, hidden=32, L=8, mask=causal(8), dtype="float32"),
-    ]
+    ] + rule_cases()
 
 
 # ----------------------------------------------------------------------------- hints
