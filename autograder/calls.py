@@ -130,6 +130,10 @@ class Outcome:
             a failure is blamed on a prerequisite only where the student's code used it.
         largest_tensor: with Call.measure_memory, the most elements held by any tensor an op
             created while the call ran (views excluded), and that op's name: [numel, "aten.mm"].
+        at_float32: on a reference outcome of a float64 case only (never read from a child):
+            {"outputs", "grads"} of the same call run in float32 on the same inputs, so that a
+            result rounded at float32 level is judged against what float32 itself gives
+            (compare.py's float32 policy).
     """
 
     error: dict | None = None
@@ -144,6 +148,7 @@ class Outcome:
     seconds: float = 0.0
     called: list = field(default_factory=list)
     largest_tensor: list | None = None
+    at_float32: dict | None = None
 
     def to_plain(self) -> dict:
         return asdict(self)

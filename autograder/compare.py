@@ -11,8 +11,11 @@ Tolerance policy (per dtype of the compared tensors, both computed in that dtype
     bfloat16  rtol 5e-2, atol 5e-2
 Integer and boolean outputs must match exactly.
 
-Float32 rounding in a float64 case is not a mistake: a float64 result outside the float64
-tolerance but within the float32 one passes, with the note FLOAT32_NOTE (every exercise alike).
+Float32 rounding in a float64 case is not a mistake: a float64 result (an output or a gradient)
+outside the float64 tolerance but within the float32 one passes, with the note FLOAT32_NOTE
+(every exercise alike), whether measured against the float64 reference or against the reference
+run in float32 on the same inputs (Outcome.at_float32: where a case's inputs amplify rounding,
+e.g. a saturated softmax, float32 itself lands that far from float64).
 """
 from __future__ import annotations
 
@@ -103,12 +106,17 @@ def value_error(actual: torch.Tensor, expected: torch.Tensor, dtype: str) -> tup
     return max_abs, rel, idx
 
 
-def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes: list | None
-            ) -> Mismatch | None:
+def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes: list | None,
+            at_float32: torch.Tensor | None = None) -> Mismatch | None:
     err = value_error(a, e, dtype)
     if err is None:
         return None
-    if dtype == "float64" and value_error(a, e, "float32") is None:  # float32 rounding: no mistake
+    # float32 rounding in a float64 case is no mistake: within float32's tolerance of the float64
+    # reference, or of the reference itself run in float32 on the same inputs (`at_float32`:
+    # inputs that amplify rounding, a saturated softmax, move both alike)
+    if dtype == "float64" and (value_error(a, e, "float32") is None or (
+            isinstance(at_float32, torch.Tensor) and at_float32.shape == e.shape
+            and value_error(a, at_float32, "float32") is None)):
         if notes is not None and FLOAT32_NOTE not in notes:
             notes.append(FLOAT32_NOTE)
         return None
@@ -194,7 +202,7 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
                 return Mismatch("nonfinite", f"{_output_name(i, n)} contains {kind} "
                                 f"({int(bad.sum())} entries, first at index {idx}); the reference is finite.",
                                 output=i, where=list(idx))
-        m = _values(i, n, s, e, call.dtype, "value", notes)
+        m = _values(i, n, s, e, call.dtype, "value", notes, _at_float32(expected, "outputs", i))
         if m:
             return m
     for name, e in expected.grads.items():
@@ -208,7 +216,8 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
         if tuple(s.shape) != tuple(e.shape):
             return Mismatch("grads", f"the gradient of {label} has shape {_fmt_shape(s.shape)}, "
                             f"expected {_fmt_shape(e.shape)}.")
-        m = _values(None, n, s, e, call.dtype, f"the gradient with respect to {label}", notes)
+        m = _values(None, n, s, e, call.dtype, f"the gradient with respect to {label}", notes,
+                    _at_float32(expected, "grads", name))
         if m:
             return m
     if student.inputs_modified:
@@ -216,6 +225,15 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
         return Mismatch("inplace", f"the call modified its input in place ({names}); work on a copy "
                         "or use out-of-place ops (masked_fill, not masked_fill_).")
     return None
+
+
+def _at_float32(expected: Outcome, part: str, key):
+    """The reference's float32 run's counterpart of one output or gradient (or None)."""
+    low = (expected.at_float32 or {}).get(part)
+    try:
+        return low[key] if low is not None else None
+    except (IndexError, KeyError, TypeError):
+        return None
 
 
 def _kind(meta: dict) -> str:

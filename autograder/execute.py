@@ -222,6 +222,17 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
     return out
 
 
+def at_float32(namespace: dict, call: Call) -> dict | None:
+    """For a float64 case on the CPU: the outputs and gradients the same call gives in float32
+    on the same inputs (Outcome.at_float32), against which compare.py's float32 policy judges
+    a result rounded at float32 level; None for other cases (and for the memory cases, which
+    are about memory, and large)."""
+    if call.dtype != "float64" or call.device != "cpu" or call.answer or call.capped_memory:
+        return None
+    low = execute(namespace, call.on("cpu", "float32"))
+    return None if low.error else {"outputs": low.outputs, "grads": low.grads}
+
+
 def _prerequisites(namespace: dict, call: Call) -> dict:
     """code object -> exercise name, for the exercises `call`'s exercise builds on, as the
     namespace defines them (a function, a method of its owner, or a module's forward)."""

@@ -26,7 +26,7 @@ from .answers import check_form, form, shape_words
 from .calls import Call, Outcome
 from .compare import Mismatch
 from .contract import CHAPTERS
-from .execute import execute
+from .execute import at_float32, execute
 
 DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
 
@@ -64,10 +64,15 @@ def build_fixtures() -> dict:
                 continue
             meta = dict(variants(cases[:1], "meta"))
             data[f"{chapter.id}/{ex.name}"] = [
-                {"call": c.to_plain(), "expected": execute(ref, c).to_plain(),
+                {"call": c.to_plain(), "expected": _with_float32(execute(ref, c), ref, c).to_plain(),
                  "expected_meta": execute(ref, meta[i]).to_plain() if i in meta else None}
                 for i, c in enumerate(cases)]
     return data
+
+
+def _with_float32(expected: Outcome, ref: dict, c: Call) -> Outcome:
+    expected.at_float32 = None if expected.error else at_float32(ref, c)
+    return expected
 
 
 def write_fixtures(path: Path = DATA) -> None:
