@@ -121,7 +121,10 @@ class Outcome:
             value could not be brought back, e.g. on the meta device).
         meta: for each output: {"shape", "dtype", "device"} as it was returned.
         grads: gradient name -> tensor (or None when no gradient reached it).
-        params: the module's state_dict names -> shapes, before loading (None for functions).
+        params: the module's parameters and buffers, names -> shapes, before loading (None for
+            functions).
+        transient: which of those are non-persistent buffers (not in state_dict(): no weights
+            to load, so an extra one is no part of the module's contract and costs nothing).
         load_error: why the reference weights could not be loaded (missing/unexpected names).
         inputs_modified: names of arguments changed in place.
         forbidden: forbidden ops or functions seen while the call ran.
@@ -142,6 +145,7 @@ class Outcome:
     meta: list = field(default_factory=list)
     grads: dict = field(default_factory=dict)
     params: dict | None = None
+    transient: list = field(default_factory=list)
     load_error: str | None = None
     inputs_modified: list = field(default_factory=list)
     forbidden: list = field(default_factory=list)

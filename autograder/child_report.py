@@ -90,7 +90,7 @@ def validated(d) -> Outcome | None:
                 out.params[_text(k, 500)] = v
         if d.get("load_error") is not None:
             out.load_error = _text(d["load_error"])
-        for key in ("inputs_modified", "forbidden", "called"):
+        for key in ("inputs_modified", "forbidden", "called", "transient"):
             value = d.get(key, [])
             if not isinstance(value, list):
                 return None

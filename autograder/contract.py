@@ -88,6 +88,8 @@ class Exercise:
     forbidden: Forbidden = field(default_factory=Forbidden)
     owner: str | None = None  # for kind == "method": the class that holds it
     builds_on: tuple = ()     # exercises of the chapter the reference solution calls
+    outputs: tuple = ()       # the contract's names of the returned tensors, in order, where they
+    #                           are not (output, weights): reports call them by these names
 
     @property
     def target(self) -> str:
@@ -157,19 +159,22 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
         Exercise("fixed_global_query", "function", 2, NO_ATTENTION),
     )),
     Chapter("07_efficient_attention", "Efficient attention", (
-        Exercise("online_softmax_attention", "function", 10, NO_ATTENTION),
+        Exercise("online_softmax_attention", "function", 10, NO_ATTENTION, outputs=("the output", "lse")),
         Exercise("repeat_kv", "function", 2, NO_ATTENTION),
-        Exercise("GroupedQueryAttention", "module", 8, NO_ATTENTION, builds_on=("repeat_kv",)),
+        Exercise("GroupedQueryAttention", "module", 8, NO_ATTENTION, builds_on=("repeat_kv",),
+                 outputs=("the output", "the weights", "present_kv's keys", "present_kv's values")),
         Exercise("sliding_window_mask", "function", 2, NO_ATTENTION),
         Exercise("alibi_bias", "function", 3, NO_ATTENTION),
         Exercise("predict_window_row", "answer", 1),
-        Exercise("fixed_merge_softmax_stats", "function", 2, NO_ATTENTION),
+        Exercise("fixed_merge_softmax_stats", "function", 2, NO_ATTENTION,
+                 outputs=("the merged maximum m", "the merged sum l")),
     )),
     Chapter("08_transformer", "A transformer that learns", (
         Exercise("MultiHeadAttention", "module", 3, NO_TRANSFORMER),
         Exercise("FeedForward", "module", 3, NO_TRANSFORMER),
         Exercise("TransformerBlock", "module", 6, NO_TRANSFORMER, builds_on=("MultiHeadAttention", "FeedForward")),
-        Exercise("TinyTransformer", "module", 8, NO_TRANSFORMER, builds_on=("TransformerBlock",)),
+        Exercise("TinyTransformer", "module", 8, NO_TRANSFORMER, builds_on=("TransformerBlock",),
+                 outputs=("the logits", *(f"block {i}'s weights" for i in range(1, 17)))),
         Exercise("predict_feedforward_params", "answer", 1),
         Exercise("fixed_next_token_loss", "function", 2, NO_TRANSFORMER),
     )),

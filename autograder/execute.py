@@ -348,6 +348,8 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
             # Parameters and buffers (non-persistent ones too), by name, with their shapes.
             out.params = {k: list(v.shape) for k, v in module.named_parameters()}
             out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
+            persistent = module.state_dict(keep_vars=True)
+            out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
             module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
             if call.state is not None:
                 state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}

@@ -267,8 +267,8 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
         except Exception:
             m.hint = None
         if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
-            m.hint = PRECISION_HINT
-    return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes else "")
+            m.hint = case_registry.small_difference_hint(call, student, expected) or PRECISION_HINT
+    return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes and m is None else "")
 
 
 def forbidden_message(ex: Exercise, names) -> str:

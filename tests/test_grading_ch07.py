@@ -109,7 +109,7 @@ BUGGY = [
     ("no-guard-for-minus-inf-max", "online_softmax_attention", _online(safe="m_new"), "finite stand-in"),
     ("fully-masked-query-divides-by-zero", "online_softmax_attention", _online(guard="l"), "zero output"),
     ("last-block-dropped", "online_softmax_attention",
-     _online(stop="start + block_size if start + block_size <= L_k else start"), None),
+     _online(stop="start + block_size if start + block_size <= L_k else start"), "ceil(L_k / block_size)"),
     ("whole-score-matrix", "online_softmax_attention", FULL_MATRIX, "never q @ k^T for all keys"),
     ("repeat-tiled", "repeat_kv", "def repeat_kv(x, n_rep):\n    return x.repeat(*([1] * (x.dim() - 3)), n_rep, 1, 1)\n",
      "tiled"),
@@ -300,3 +300,109 @@ def alibi_bias(num_heads, seq_len, device=None):
 @pytest.mark.parametrize("name, src", CORRECT, ids=[c[0] for c in CORRECT])
 def test_equivalent_implementations_score_full_marks(name, src):
     check_equivalent(CH, src)
+
+
+def test_lse_is_called_lse_in_the_report():
+    """The second returned tensor of online_softmax_attention is the contract's `lse`, not "the
+    weights"."""
+    src = FULL_MATRIX.replace("return out, torch.where(dead, float(\"-inf\"), lse)",
+                              "return out, torch.where(dead, float(\"-inf\"), lse) + 1.0")
+    assert src != FULL_MATRIX
+    e = grade(namespace(src))["online_softmax_attention"]
+    messages = [c.message for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
+    assert messages and any(m.startswith("lse differs") for m in messages), messages
+    assert not any("weights" in m for m in messages), messages
+
+
+# ----------------------------------------------------------------------------- held-out ports (issue 22)
+# Mistakes as public code makes them: each must get its own hint, in the grader and the self-check.
+PORTED_MISTAKES = [
+    ("blocks-by-floor", "online_softmax_attention", '''
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    n_blocks = k.shape[-2] // block_size          # floor: a partial last block is never read
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    l = torch.zeros(q.shape[:-1], dtype=q.dtype)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for b in range(n_blocks):
+        sl = slice(b * block_size, (b + 1) * block_size)
+        s = q @ k[..., sl, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            mb = mask[..., sl]
+            s = s.masked_fill(~mb, float("-inf")) if mb.dtype == torch.bool else s + mb
+        m_new = torch.maximum(m, s.amax(-1))
+        safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
+        p = torch.exp(s - safe[..., None])
+        a = torch.exp(m - safe)
+        l, acc, m = a * l + p.sum(-1), a[..., None] * acc + p @ v[..., sl, :], m_new
+    seen = l > 0
+    out = acc / torch.where(seen, l, 1.0)[..., None]
+    return out, torch.where(seen, torch.where(seen, m, 0.0) + torch.log(torch.where(seen, l, 1.0)), float("-inf"))
+''', "ceil(L_k / block_size)"),
+    ("lse-in-base-2", "online_softmax_attention",
+     _online(lse="(torch.where(seen, m, 0.0) + torch.log(l_safe)) / math.log(2)"), "base 2"),
+    ("gqa-finite-fill", "GroupedQueryAttention", '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, bias=False):
+        super().__init__()
+        if embed_dim % num_heads or num_heads % num_kv_heads:
+            raise ValueError("sizes")
+        self.h, self.h_kv, self.d = num_heads, num_kv_heads, embed_dim // num_heads
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * self.d, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * self.d, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def forward(self, x, mask=None, past_kv=None):
+        B, L, E = x.shape
+        q = self.q_proj(x).view(B, L, self.h, self.d).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, self.h_kv, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.h_kv, self.d).transpose(1, 2)
+        if past_kv is not None:
+            k, v = torch.cat([past_kv[0], k], 2), torch.cat([past_kv[1], v], 2)
+        n = self.h // self.h_kv
+        s = q @ repeat_kv(k, n).transpose(-2, -1) / math.sqrt(self.d)
+        if mask is not None:   # as Llama-style code does: a large finite fill, no -inf
+            s = s.masked_fill(~mask, torch.finfo(s.dtype).min) if mask.dtype == torch.bool \\
+                else s + mask.clamp(min=torch.finfo(s.dtype).min)
+        w = torch.softmax(s, dim=-1)
+        out = (w @ repeat_kv(v, n)).transpose(1, 2).reshape(B, L, E)
+        return self.out_proj(out), w, (k, v)
+''', "large finite number"),
+    ("repeat-kv-4d-only", "repeat_kv", '''
+def repeat_kv(x, n_rep):
+    b, h_kv, L, d = x.shape                      # HF's repeat_kv: (batch, heads, seq, dim) only
+    if n_rep == 1:
+        return x
+    return x[:, :, None, :, :].expand(b, h_kv, n_rep, L, d).reshape(b, h_kv * n_rep, L, d)
+''', "any number of leading axes"),
+    ("alibi-reference-code-slopes", "alibi_bias", '''
+def alibi_bias(num_heads, seq_len, device=None):
+    def get_slopes(n):                            # the ALiBi repository's get_slopes
+        def power_of_2(n):
+            start = 2 ** (-2 ** -(math.log2(n) - 3))
+            return [start * start ** i for i in range(n)]
+        if math.log2(n).is_integer():
+            return power_of_2(n)
+        closest = 2 ** math.floor(math.log2(n))
+        return power_of_2(closest) + get_slopes(2 * closest)[0::2][: n - closest]
+    slopes = torch.tensor(get_slopes(num_heads), device=device, dtype=torch.get_default_dtype())
+    pos = torch.arange(seq_len, device=device)
+    d = (pos[:, None] - pos[None, :]).to(torch.get_default_dtype())
+    return (-slopes[:, None, None] * d).masked_fill(d < 0, float("-inf"))
+''', "power of two"),
+    ("alibi-by-key-position", "alibi_bias", '''
+def alibi_bias(num_heads, seq_len, device=None):
+    if num_heads & (num_heads - 1):
+        raise ValueError("power of two")
+    slopes = 2.0 ** (-8.0 * torch.arange(1, num_heads + 1, device=device) / num_heads)
+    j = torch.arange(seq_len, device=device).to(torch.get_default_dtype())
+    bias = slopes[:, None, None] * j[None, None, :]        # BLOOM: m_h * key position
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    return bias.expand(num_heads, seq_len, seq_len).masked_fill(~causal, float("-inf"))
+''', "key position"),
+]
+
+
+@pytest.mark.parametrize("name, exercise, src, words", PORTED_MISTAKES, ids=[b[0] for b in PORTED_MISTAKES])
+def test_a_ported_mistake_is_named_by_its_hint(name, exercise, src, words):
+    check_buggy(CH, exercise, src, words)

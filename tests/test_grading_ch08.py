@@ -293,3 +293,55 @@ def test_the_reference_model_learns_the_books_reversal_task():
     fresh = ref["TinyTransformer"](11, 16, 64, 2, 2, 128)
     seq = ref["reversal_batch"](256, generator=torch.Generator().manual_seed(5))
     assert ref["reversal_accuracy"](fresh, seq) < 0.3
+
+
+# ----------------------------------------------------------------------------- training-mode dropout
+BLOCK_DROPOUT = [
+    ("dropout after the activation too", patch(TEMPLATE, "act",
+                                               "h = F.dropout(F.gelu(self.fc1(x)), self.p, self.training)")),
+    ("dropout on the attention's residual branch", patch(TEMPLATE, "res1",
+                                                         "h = x + F.dropout(a, self.ff.p, self.training)")),
+    ("no dropout in FeedForward", patch(TEMPLATE, "ffdrop", "return self.fc2(h)")),
+]
+
+
+@pytest.mark.parametrize("name, src", BLOCK_DROPOUT, ids=[b[0] for b in BLOCK_DROPOUT])
+def test_training_mode_dropout_of_the_block_is_graded_by_its_properties(name, src):
+    """A block whose only difference is where dropout acts in training mode (an extra dropout, or
+    none) loses the training-mode case, in the grader and in the self-check."""
+    from grading_helpers import self_check_failures
+    ns = namespace(src)
+    e = grade(ns)["TransformerBlock"]
+    failed = [c for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
+    assert any("training mode" in c.case and "dropout" in c.message for c in failed), [c.case for c in failed]
+    assert "TransformerBlock" in self_check_failures(CH, ns, ["TransformerBlock"])
+
+
+def test_the_reference_and_an_independent_block_pass_the_training_mode_case():
+    for ns in (namespace(), namespace(TEMPLATE)):
+        e = grade(ns)["TransformerBlock"]
+        assert e["score"] == e["max"], [c.message for t in e["tests"] for c in t.cases if not c.passed]
+
+
+# ----------------------------------------------------------------------------- only stated rules cost points
+def test_an_extra_non_persistent_buffer_costs_nothing():
+    """HF-style position_ids: a buffer outside state_dict() holds no weights and changes nothing;
+    the contract names the parameters and saved buffers only. A saved (persistent) extra buffer
+    is still reported."""
+    src = TEMPLATE.replace("        self.head = nn.Linear(embed_dim, vocab_size)",
+                           "        self.head = nn.Linear(embed_dim, vocab_size)\n"
+                           "        self.register_buffer('position_ids', torch.arange(max_len), persistent=False)")
+    assert "position_ids" in src
+    e = grade(namespace(src))["TinyTransformer"]
+    assert e["score"] == e["max"], [c.message for t in e["tests"] for c in t.cases if not c.passed]
+    saved = grade(namespace(src.replace(", persistent=False", "")))["TinyTransformer"]
+    assert saved["score"] < saved["max"] and "position_ids" in saved["first"].message
+
+
+def test_tied_embeddings_are_named_as_such():
+    src = TEMPLATE.replace("        self.head = nn.Linear(embed_dim, vocab_size)",
+                           "        self.head = nn.Linear(embed_dim, vocab_size, bias=False)\n"
+                           "        self.head.weight = self.tok_emb.weight   # tied, as GPT-2")
+    assert "tied" in src
+    e = grade(namespace(src))["TinyTransformer"]
+    assert e["score"] < e["max"] and any("tied" in h for h in e["hints"]), (e["first"].message, e["hints"])

@@ -49,12 +49,15 @@ class Hints:
     explain: (call, student, expected, mismatch) -> hint or None, for what models cannot show
         (parameter names, dtype, device, a missing ValueError, shape errors with batch axes).
     weights_right: the hint when output 0 differs but output 1 (the weights) is right.
+    fully_masked: the hint for NaN on a query whose keys are all masked, in the exercise's own
+        terms (else FULLY_MASKED_NAN).
     """
 
     mistakes: tuple | Callable = ()  # the Mistakes, or a function of the call that lists them
     correct: Callable | None = None
     explain: Callable | None = None
     weights_right: str | None = None
+    fully_masked: str | None = None  # the chapter's words for NaN on a fully masked query (FULLY_MASKED_NAN)
 
 
 def _module(chapter: str):
@@ -92,7 +95,10 @@ MODEL_ASPECTS = ("values", "nonfinite", "shape", "error")
 def hint_tolerance(dtype: str) -> tuple[float, float]:
     """(rtol, atol) for recognising a mistake: models run in float64, and a mistake changes
     values at O(1), so one loose tolerance serves every chapter."""
-    return {"float16": (2e-2, 2e-2), "bfloat16": (1e-1, 1e-1)}.get(dtype, (1e-3, 1e-5))
+    return {"float16": (2e-2, 2e-2), "bfloat16": (1e-1, 1e-1), EXACT: (1e-8, 1e-10)}.get(dtype, (1e-3, 1e-5))
+
+
+EXACT = "float64-exact"  # a pseudo-dtype for hint_tolerance: models matched at float64's accuracy
 
 
 def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | None:
@@ -147,6 +153,8 @@ def exercise_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, 
             return text
     if mismatch.aspect not in MODEL_ASPECTS:
         return None
+    if _nonfinite_where_finite(student, expected, mismatch.output) is not None:
+        return nonfinite_hint(spec, call, student, expected, mismatch.output)
     text = model_hint(spec, call, student, expected, shapes_only=mismatch.aspect == "shape")
     if text:
         return text
@@ -156,11 +164,13 @@ def exercise_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, 
     return None
 
 
-def model_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, shapes_only: bool = False):
+def model_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, shapes_only: bool = False,
+               dtype: str | None = None):
     """The hint of the one mistake (by distinct hint text) that explains the student's outcome
     and not the reference's; None when none or several do, or when the mistake-free model does
-    not reproduce the reference on this call."""
-    if spec.correct is not None and not explains(predict(spec.correct, call), expected, call.dtype):
+    not reproduce the reference on this call. `dtype`: the tolerance (default the call's)."""
+    dtype = dtype or call.dtype
+    if spec.correct is not None and not explains(predict(spec.correct, call), expected, dtype):
         return None
     found = set()
     mistakes = spec.mistakes(call) if callable(spec.mistakes) else spec.mistakes
@@ -168,10 +178,29 @@ def model_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, sha
         if m.when is not None and not m.when(call):
             continue
         prediction = predict(m.model, call)
-        if (explains(prediction, student, call.dtype, shapes_only)
-                and not explains(prediction, expected, call.dtype, shapes_only)):
+        if (explains(prediction, student, dtype, shapes_only)
+                and not explains(prediction, expected, dtype, shapes_only)):
             found.add(m.hint)
     return found.pop() if len(found) == 1 else None
+
+
+def small_difference_hint(call: Call, student: Outcome, expected: Outcome) -> str | None:
+    """A float64 case whose outputs matched only at float32's accuracy (yet not the reference's
+    own float32 run) and whose gradient is off: the mistake model that explains the outputs at
+    float64's accuracy, where a small mistake shows (a tanh GELU is within 1e-4 of the exact
+    one, inside float32's tolerance: at the usual hint tolerance it explains the reference too)."""
+    if call.dtype != "float64" or (call.chapter, call.exercise) in _extra_hints():
+        return None
+    spec = _module(call.chapter).HINTS.get(call.exercise)
+    try:
+        return spec and model_hint(spec, call, student, expected, dtype=EXACT)
+    except Exception:
+        return None
+
+
+def _extra_hints() -> dict:
+    from .extra import HINTS as EXTRA_HINTS
+    return EXTRA_HINTS
 
 
 _BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
@@ -215,15 +244,110 @@ def explains(prediction: tuple, outcome: Outcome, dtype: str, shapes_only: bool 
 
 
 def matches(got, want, dtype: str = "float64") -> bool:
-    """Whether tensor `got` equals a model's `want` within the hint tolerance: NaN counts as 0
-    on both sides, except that where `want` is NaN, `got` must be NaN too."""
+    """Whether tensor `got` equals a model's `want` within the hint tolerance. NaN never
+    matches, on either side: NaN equal to NaN is no evidence of a mistake (a model that gives
+    NaN would "explain" any output that is NaN for another reason, and NaN weights would pass
+    for zero ones). A NaN or inf the reference does not have is diagnosed by where it is
+    (`nonfinite_hint`)."""
     if got is None or want is None or tuple(got.shape) != tuple(want.shape):
         return False
     got, want = got.double(), want.double()
-    if (torch.isnan(want) & ~torch.isnan(got)).any():
+    if torch.isnan(got).any() or torch.isnan(want).any():
         return False
     rtol, atol = hint_tolerance(dtype)
-    return torch.allclose(torch.nan_to_num(got), torch.nan_to_num(want), rtol=rtol, atol=atol)
+    return torch.allclose(got, want, rtol=rtol, atol=atol)
+
+
+# ----------------------------------------------------------------------------- NaN and inf
+FULLY_MASKED_NAN = ("a query whose keys are all masked gives NaN (the softmax of a row of -inf is 0/0): give such "
+                    "rows zero weights and a zero output: dead = torch.isneginf(scores).all(-1, keepdim=True); "
+                    "weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)")
+KEPT_KEYS_NAN = ("NaN or inf where the reference is finite, on queries that have keys left: look for 0 * inf (e.g. "
+                 "(mask == 0) * -inf is NaN wherever the mask keeps a key: use masked_fill or torch.where) or "
+                 "-inf - (-inf)")
+OVERFLOW_NAN = ("a NaN or inf where the reference is finite, on a case with no fully masked query: an exp that "
+                "overflows on large scores (subtract each row's maximum before exp, as torch.softmax does), or "
+                "a division by a sum that is 0")
+_MASK_NAMES = ("mask", "attention_mask")
+
+
+def _nonfinite_where_finite(student: Outcome, expected: Outcome, i) -> torch.Tensor | None:
+    """Where output `i` is NaN or inf and the reference's is not the same (None when nowhere)."""
+    if i is None or i >= len(student.outputs) or i >= len(expected.outputs):
+        return None
+    got, want = student.outputs[i], expected.outputs[i]
+    if got is None or want is None or tuple(got.shape) != tuple(want.shape) or not got.is_floating_point():
+        return None
+    got, want = got.double(), want.double()
+    bad = ~torch.isfinite(got) & ~(torch.isinf(got) & (got == want))
+    return bad if bool(bad.any()) else None
+
+
+def _dead_queries(call: Call) -> torch.Tensor | None:
+    """The call's mask's queries with no key left, (..., L_q) (None without a mask)."""
+    for name in _MASK_NAMES:
+        m = call.kwargs.get(name)
+        if isinstance(m, torch.Tensor) and m.dim() >= 1:
+            dead = ~m if m.dtype == torch.bool else (torch.isneginf(m) if m.is_floating_point() else m == 0)
+            return dead.all(-1)
+    return None
+
+
+def _rows_aligned(dead: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+    """`dead` (..., L_q) broadcast to an output's rows (..., L_q), dropping the mask's axes of size
+    1 that the output lacks (a head axis); None where they do not line up."""
+    while dead.dim() > rows.dim() and 1 in dead.shape[:-1]:
+        inner = max(j for j, n in enumerate(dead.shape[:-1]) if n == 1)  # the head axis, next to L_q
+        dead = dead.squeeze(inner)
+    try:
+        return torch.broadcast_to(dead, rows.shape)
+    except RuntimeError:
+        return None
+
+
+def _same_nonfinite(prediction: tuple, outcome: Outcome, dtype: str) -> bool:
+    """Whether a model that gives NaN or inf predicts `outcome` by where: in every output it
+    predicts, the same entries are not finite and the finite ones match."""
+    kind, value = prediction
+    if kind != "ok" or len(value) > len(outcome.outputs):
+        return False
+    nonfinite = False
+    for got, want in zip(outcome.outputs, value):
+        if want is None:
+            continue
+        if got is None or tuple(got.shape) != tuple(want.shape) or not want.is_floating_point():
+            return False
+        got, want = got.double(), want.double()
+        finite = torch.isfinite(want)
+        if not bool((finite == torch.isfinite(got)).all()) or not matches(got[finite], want[finite], dtype):
+            return False
+        nonfinite |= not bool(finite.all())
+    return nonfinite
+
+
+def nonfinite_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome, i: int) -> str | None:
+    """NaN or inf in output `i` where the reference is finite, diagnosed before any value hint.
+    First the chapter's own mistake models that give NaN or inf, by where: one explains the
+    output only if its non-finite entries are exactly the student's and the rest matches; then
+    where, against the call's mask: only on queries with no key left (0/0), also on queries
+    that have keys (0 * -inf), or no mask at all (an exp that overflows)."""
+    if spec.correct is None or explains(predict(spec.correct, call), expected, call.dtype):
+        found = set()
+        mistakes = spec.mistakes(call) if callable(spec.mistakes) else spec.mistakes
+        for m in mistakes:
+            if m.when is None or m.when(call):
+                if _same_nonfinite(predict(m.model, call), student, call.dtype):
+                    found.add(m.hint)
+        if len(found) == 1:
+            return found.pop()
+    bad, dead = _nonfinite_where_finite(student, expected, i), _dead_queries(call)
+    if dead is None:
+        return OVERFLOW_NAN
+    rows = bad.any(-1) if bad.dim() > 1 else bad
+    aligned = _rows_aligned(dead, rows)
+    if aligned is not None:  # by where: only on queries with no key left, or also on others
+        return (spec.fully_masked or FULLY_MASKED_NAN) if not bool((rows & ~aligned).any()) else KEPT_KEYS_NAN
+    return KEPT_KEYS_NAN if bool(bad.all()) or not bool(dead.any()) else (spec.fully_masked or FULLY_MASKED_NAN)
 
 
 def call(case: str, *args, **fields) -> Call:

@@ -477,8 +477,10 @@ HINTS = {
         Mistake("the heads are merged in the wrong order: transpose to (..., L, H, d_h) (not "
                 "(..., L, d_h, H)) before flattening, so head h fills features h*d_h onwards", _merge_model("dh")),
     ), correct=_merge_model()),
-    "MultiHeadAttention": Hints(MHA_MISTAKES, correct=_mha_model, explain=_mha_explain),
-    "MultiHeadSelfAttention": Hints(MHSA_MISTAKES, correct=_mha_model, explain=_mhsa_explain),
+    "MultiHeadAttention": Hints(MHA_MISTAKES, correct=_mha_model, explain=_mha_explain,
+                                fully_masked=_FULL_ROWS_NAN),
+    "MultiHeadSelfAttention": Hints(MHSA_MISTAKES, correct=_mha_model, explain=_mhsa_explain,
+                                    fully_masked=_FULL_ROWS_NAN),
 }
 
 

@@ -264,7 +264,8 @@ def _t(x):
     return x.double() if isinstance(x, torch.Tensor) else x
 
 
-def _online(c, rescale_acc=True, rescale_sum=True, add_max=True, scale=True, zero_full=True):
+def _online(c, rescale_acc=True, rescale_sum=True, add_max=True, scale=True, zero_full=True, floor_blocks=False,
+            base2=False):
     """online_softmax_attention in float64, with one optional mistake."""
     q, k, v = (_t(a) for a in c.args[:3])
     mask = c.kwargs.get("mask", c.args[3] if len(c.args) > 3 else None)
@@ -272,7 +273,7 @@ def _online(c, rescale_acc=True, rescale_sum=True, add_max=True, scale=True, zer
     f = 1 / math.sqrt(q.shape[-1]) if scale else 1.0
     L_k = k.shape[-2]
     m = l = acc = None
-    for s0 in range(0, L_k, bs):
+    for s0 in range(0, (L_k // bs) * bs if floor_blocks else L_k, bs):
         s = q @ k[..., s0:s0 + bs, :].transpose(-2, -1) * f
         if mask is not None:
             mb = mask[..., s0:s0 + bs] if mask.shape[-1] != 1 else mask
@@ -293,7 +294,7 @@ def _online(c, rescale_acc=True, rescale_sum=True, add_max=True, scale=True, zer
     if not zero_full:
         out = torch.where(seen.unsqueeze(-1), out, float("nan"))
     lse = torch.log(l) + (torch.where(seen, m, 0.0) if add_max else 0.0)
-    return [out, torch.where(seen, lse, float("-inf"))]
+    return [out, torch.where(seen, lse / (math.log(2) if base2 else 1.0), float("-inf"))]
 
 
 def _repeat(c, tiled=False):
@@ -301,7 +302,7 @@ def _repeat(c, tiled=False):
     return x.repeat(*([1] * (x.dim() - 3)), n, 1, 1) if tiled else x.repeat_interleave(n, dim=-3)
 
 
-def _gqa(c, tiled=False, past_after=False, no_scale=False):
+def _gqa(c, tiled=False, past_after=False, no_scale=False, finite_fill=False):
     st = {k: v.double() for k, v in c.state.items()}
     E, H, H_kv = c.init["embed_dim"], c.init["num_heads"], c.init["num_kv_heads"]
     d_h = E // H
@@ -324,7 +325,9 @@ def _gqa(c, tiled=False, past_after=False, no_scale=False):
     rep = (lambda t: t.repeat(1, n, 1, 1)) if tiled else (lambda t: t.repeat_interleave(n, 1))
     s = q @ rep(k).transpose(-2, -1) / (1.0 if no_scale else math.sqrt(d_h))
     mask = c.kwargs.get("mask")
-    if mask is not None:
+    if mask is not None and finite_fill:  # -1e6 / finfo.min: a fully masked row is a softmax over equal scores
+        s = torch.where(mask, s, -1e6) if mask.dtype == torch.bool else s + _t(mask).clamp(min=-1e6)
+    elif mask is not None:
         s = torch.where(mask, s, float("-inf")) if mask.dtype == torch.bool else s + _t(mask)
     full = torch.isneginf(s).all(-1, keepdim=True)
     w = torch.softmax(s.masked_fill(full, 0.0), -1).masked_fill(full, 0.0)
@@ -339,11 +342,14 @@ def _window(c, off_by_one=False, symmetric=False):
     return keep & ((d >= 0) | symmetric)
 
 
-def _alibi(c, first_slope_one=False, not_causal=False, positive=False):
+def _alibi(c, first_slope_one=False, not_causal=False, positive=False, key_position=False):
     H, L = c.args[0], c.args[1]
     h = torch.arange(H, dtype=torch.float64) + (0 if first_slope_one else 1)
     slopes = 2.0 ** (-8.0 * h / H)
     d = (torch.arange(L).view(-1, 1) - torch.arange(L).view(1, -1)).double()
+    if key_position:  # BLOOM's m_h * j: the same softmax (it differs by a constant per row), not this bias
+        j = torch.arange(L, dtype=torch.float64).expand(L, L)
+        return (slopes.view(-1, 1, 1) * j).masked_fill(d < 0, float("-inf"))
     bias = slopes.view(-1, 1, 1) * (d.abs() if not_causal else d) * (1 if positive else -1)
     return bias if not_causal else bias.masked_fill(d < 0, float("-inf"))
 
@@ -360,6 +366,12 @@ MISTAKES = {
         ("scores look unscaled: multiply q·k by 1/sqrt(d_k)", partial(_online, scale=False), None),
         ("a fully masked query gives NaN (its sum of exponentials is 0): give it a zero output and lse = -inf",
          partial(_online, zero_full=False), lambda c: "mask" in c.kwargs),
+        ("the last, partial block of keys is left out: there are ceil(L_k / block_size) blocks "
+         "(range(0, L_k, block_size)), not L_k // block_size", partial(_online, floor_blocks=True),
+         lambda c: c.args[1].shape[-2] % c.kwargs.get("block_size", 64) != 0),
+        ("lse is in base 2 (exp2 / log2, as Triton's kernels keep it): it is the natural-log lse divided by "
+         "ln 2 exactly; the contract's lse is log(sum_j exp(s_ij)) in natural log (multiply by ln 2)",
+         partial(_online, base2=True), None),
     ]),
     "repeat_kv": (_repeat, [
         ("the heads are tiled ([k0, k1, k0, k1]) instead of grouped ([k0, k0, k1, k1]): output head h must be "
@@ -371,6 +383,9 @@ MISTAKES = {
         ("the cache is appended in the wrong order: the past keys and values come first, the new ones after "
          "(torch.cat([past, new], dim=2))", partial(_gqa, past_after=True), lambda c: "past_kv" in c.kwargs),
         ("scores look unscaled: divide by sqrt(d_h)", partial(_gqa, no_scale=True), None),
+        ("masked scores are filled with a large finite number (-1e6, finfo.min), so a query whose keys are all "
+         "masked gets a uniform average instead of zero weights: fill with -inf and give such rows zero weights "
+         "(masked_fill after the softmax)", partial(_gqa, finite_fill=True), lambda c: "mask" in c.kwargs),
     ]),
     "sliding_window_mask": (_window, [
         ("the window is off by one: a query sees `window` positions, its own included (0 <= i - j < window)",
@@ -384,6 +399,9 @@ MISTAKES = {
         ("the bias is not causal: later positions (j > i) must get -inf", partial(_alibi, not_causal=True), None),
         ("the bias has the wrong sign: distant keys are penalised, -m_h * (i - j)", partial(_alibi, positive=True),
          None),
+        ("the bias is by key position, m_h * j (as BLOOM builds it): that gives the same softmax, since it differs "
+         "from the contract's bias by a constant per query, but the contract's bias is by distance, -m_h * (i - j)",
+         partial(_alibi, key_position=True), None),
     ]),
 }
 
@@ -398,6 +416,13 @@ def _explain(call, student, expected, mismatch) -> str | None:
                 "with num_kv_heads heads (that is what makes the cache small)")
     if ex == "GroupedQueryAttention" and mismatch.aspect == "returned":
         return "return (output, weights, (k, v)): the cache as a pair of tensors, each (B, H_kv, L_past + L, d_h)"
+    if ex == "repeat_kv" and call.args[0].dim() != 4 and (mismatch.aspect in ("error", "shape")):
+        return ("repeat_kv takes any number of leading axes, (..., H_kv, L, d), not only 4-D (B, H_kv, L, d) "
+                "tensors: index from the end, e.g. x.repeat_interleave(n_rep, dim=-3), not x[:, :, None, :, :]")
+    if ex == "alibi_bias" and call.expect_error == "ValueError":
+        return ("raise ValueError unless num_heads is a power of two: the contract's slopes 2 ** (-8 (h+1) / H) "
+                "are defined for those only (the paper's code interpolates slopes for other head counts; this "
+                "contract does not)")
     if ex == "repeat_kv" and mismatch.aspect == "shape":
         return ("repeat along the head axis (dim=-3, the third from last): (..., H_kv, L, d) becomes "
                 "(..., H_kv * n_rep, L, d)")
@@ -407,12 +432,19 @@ def _explain(call, student, expected, mismatch) -> str | None:
     return None
 
 
+_FULLY_MASKED = {
+    "online_softmax_attention": "a fully masked query gives NaN (its sum of exponentials is 0): give it a zero "
+                                "output and lse = -inf",
+    "GroupedQueryAttention": "a query whose keys are all masked gives NaN (softmax of all -inf): give such rows "
+                             "zero weights (masked_fill after the softmax), so their output is out_proj's bias",
+}
 GQA_WEIGHTS_RIGHT = "the weights are right but the output is not: weights @ v, heads merged back, then out_proj"
 
 
 HINTS = {
     exercise: Hints(mistakes=tuple(Mistake(text, model, when) for text, model, when in mistakes),
                     correct=correct, explain=_explain,
-                    weights_right=GQA_WEIGHTS_RIGHT if exercise == "GroupedQueryAttention" else None)
+                    weights_right=GQA_WEIGHTS_RIGHT if exercise == "GroupedQueryAttention" else None,
+                    fully_masked=_FULLY_MASKED.get(exercise))
     for exercise, (correct, mistakes) in MISTAKES.items()
 }

@@ -10,6 +10,7 @@ three blocks (every block's weights returned, every block masked).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -33,6 +34,7 @@ def cases(exercise, gen, ref, quick):
 
 
 FF_DROPOUT_P = 0.25
+BLOCK_DROPOUT_P = 0.25
 
 
 def compare(call, student, expected, notes=None):
@@ -40,7 +42,67 @@ def compare(call, student, expected, notes=None):
     and FeedForward's training-mode dropout by its own properties."""
     if call.exercise == "FeedForward" and call.train and (call.init or {}).get("dropout"):
         return ff_dropout_properties(call, student, expected)
+    if call.exercise == "TransformerBlock" and call.train and (call.init or {}).get("dropout"):
+        return block_dropout_properties(call, student, expected)
     return ch03.compare(call, student, expected, notes)
+
+
+def block_dropout_properties(call, student, expected):
+    """TransformerBlock in training mode with p > 0, on a probe of one position per sequence
+    (L=1, one head): the attention has one key, so its dropout keeps that weight (scaled to
+    1/(1-p)) or drops it, and h = x + a is one of two vectors. What holds whatever the random
+    stream: (1) shape, dtype and device as the reference's, finite values; (2) for every
+    sequence, out - h for one of the two is, element by element, 0 or ff(ln_2(h)) / (1-p):
+    dropout acts on the attention weights and on fc2's output, nowhere else (not on the
+    residual branches, nor after the activation); (3) the shares dropped, of attention weights
+    and of feed-forward outputs, within 5 standard deviations of p. The reference's own draw
+    must pass, or it is a grader bug."""
+    from ..compare import Mismatch, compare_meta
+
+    m = compare_meta(call, student, expected)
+    if m:
+        return m
+    p = float(call.init["dropout"])
+    st, x = _state(call), call.args[0].double()                   # x (B, 1, E)
+    v = _lin(_ln(x, st, "ln_1"), st, "attn.v_proj")
+    bias = st.get("attn.out_proj.bias", torch.zeros(x.shape[-1], dtype=torch.float64))
+    options = (x + bias, x + _lin(v / (1 - p), st, "attn.out_proj"))  # weight dropped, or kept
+    rtol, atol = (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-4)
+
+    def violation(outcome):
+        out = outcome.outputs[0].double()
+        if not torch.isfinite(out).all():
+            return Mismatch("nonfinite", "in training mode the output contains NaN or inf.", output=0)
+        attn_dropped, ff_dropped, ff_total = 0, 0, 0
+        for b in range(out.shape[0]):
+            fits = []
+            for kept, h in enumerate(options):
+                ff = _ff(_ln(h[b], st, "ln_2"), st, "ff.") / (1 - p)
+                d = out[b] - h[b]
+                zero = d.abs() <= atol
+                if bool((zero | torch.isclose(d, ff, rtol=rtol, atol=atol)).all()):
+                    fits.append((kept, int(zero.sum())))
+            if not fits:
+                return Mismatch("values", f"in training mode with dropout={p}, sequence {b}'s output is not x + a + "
+                                "ff(ln_2(x + a)) with dropout on the attention weights and on the feed-forward output "
+                                "only: dropout acts inside the attention (on its weights) and in FeedForward (on fc2's "
+                                "output), not on the residual branches, the input or after the activation.",
+                                output=0, where=[b])
+            kept, zeros = fits[0]
+            attn_dropped += 1 - kept
+            ff_dropped, ff_total = ff_dropped + zeros, ff_total + out[b].numel()
+        for what, dropped, n in (("attention weights", attn_dropped, out.shape[0]),
+                                 ("feed-forward outputs", ff_dropped, ff_total)):
+            if abs(dropped / n - p) > 5 * math.sqrt(p * (1 - p) / n):
+                return Mismatch("values", f"in training mode with dropout={p}, {dropped} of {n} {what} were "
+                                f"dropped (expected about {p:.0%}): dropout must act on them in training mode, "
+                                "with p the probability of dropping.", output=0)
+        return None
+
+    if violation(expected) is not None:
+        return Mismatch("grader", "the reference fails its own training-mode dropout check; "
+                        "please report this to your instructor.")
+    return violation(student)
 
 
 def ff_dropout_properties(call, student, expected):
@@ -152,6 +214,11 @@ def _block_cases(gen, ref, quick):
                         L=4, mask=bool_mask(gen, 4, 4, full_rows=1)),
             _block_call("additive float mask (B, 1, L, L) with a fully -inf row", gen, cls, E=6, H=3, hidden=12,
                         L=4, mask=float_mask(gen, 2, 1, 4, 4, full_rows=1)),
+            # (random values: graded by block_dropout_properties, no gradients)
+            dataclasses.replace(_block_call(
+                f"dropout={BLOCK_DROPOUT_P} in training mode, 64 sequences of one position, one head: dropout on "
+                "the attention weights and on the feed-forward output only", gen, cls, E=8, H=1, hidden=16, B=64,
+                L=1, dropout=BLOCK_DROPOUT_P, train=True), grad=[]),
         ]
 
     if quick:
@@ -316,6 +383,11 @@ FF_MISTAKES = [
 
 
 def _explain_tiny(call, student, expected, mismatch):
+    if mismatch.aspect == "params" and "head.weight" not in (student.params or {}) \
+            and "tok_emb.weight" in (student.params or {}):
+        return ("the output head is tied to the token embedding (head.weight = tok_emb.weight, or logits = "
+                "x @ tok_emb.weight.T, as GPT-2 does): this model's head = nn.Linear(embed_dim, vocab_size) has "
+                "a weight of its own, and a bias")
     if call.expect_error == "ValueError":
         return "raise ValueError in forward when the sequence is longer than max_len"
     if mismatch.aspect == "returned" and (student.returned or "").startswith("tuple(Tensor, Tensor"):
@@ -324,14 +396,17 @@ def _explain_tiny(call, student, expected, mismatch):
     return None
 
 
-def _hints(model, mistakes, explain=None):
-    return Hints(correct=model, explain=explain,
+def _hints(model, mistakes, explain=None, fully_masked=None):
+    return Hints(correct=model, explain=explain, fully_masked=fully_masked,
                  mistakes=tuple(Mistake(text, partial(model, **kw)) for text, kw in mistakes))
 
 
+_FULLY_MASKED_IN_A_BLOCK = ("a query whose keys are all masked gives NaN in the attention (softmax of all -inf), and "
+                            "the residual stream carries it on through the LayerNorms (and the head): give such rows "
+                            "zero weights (masked_fill after the softmax), as chapter 3's MultiHeadAttention does")
 HINTS = {
     "MultiHeadAttention": ch03.HINTS["MultiHeadAttention"],  # the pasted chapter 3 module, its hints
     "FeedForward": _hints(_ff_model, FF_MISTAKES),
-    "TransformerBlock": _hints(_block_model, BLOCK_MISTAKES),
-    "TinyTransformer": _hints(_tiny_model, TINY_MISTAKES, _explain_tiny),
+    "TransformerBlock": _hints(_block_model, BLOCK_MISTAKES, fully_masked=_FULLY_MASKED_IN_A_BLOCK),
+    "TinyTransformer": _hints(_tiny_model, TINY_MISTAKES, _explain_tiny, fully_masked=_FULLY_MASKED_IN_A_BLOCK),
 }
