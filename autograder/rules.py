@@ -124,7 +124,8 @@ RULES: dict[tuple[str, str], tuple[Rule, ...]] = {
     ("08_transformer", "MultiHeadAttention"): _MHA,
     ("08_transformer", "FeedForward"): (GRADIENTS, DROPOUT_EVAL, DROPOUT_TRAIN),
     ("08_transformer", "TransformerBlock"): _MASKED + (DROPOUT_EVAL, DROPOUT_TRAIN),
-    ("08_transformer", "TinyTransformer"): (FULLY_MASKED_MODEL, GRADIENTS, VALUE_ERROR, DROPOUT_EVAL),
+    ("08_transformer", "TinyTransformer"): (FULLY_MASKED_MODEL, GRADIENTS, VALUE_ERROR, DROPOUT_EVAL,
+                                            DROPOUT_TRAIN),
 }
 
 

@@ -345,3 +345,44 @@ def test_tied_embeddings_are_named_as_such():
     assert "tied" in src
     e = grade(namespace(src))["TinyTransformer"]
     assert e["score"] < e["max"] and any("tied" in h for h in e["hints"]), (e["first"].message, e["hints"])
+
+
+def test_training_mode_dropout_outside_the_blocks_loses_the_training_mode_case():
+    """nanoGPT's embedding dropout (not in this contract's model): with blocks that add nothing
+    the logits in training mode must be the eval-mode ones; grader and self-check both see it."""
+    from grading_helpers import self_check_failures
+    src = patch(TEMPLATE, "emb", "x = F.dropout(self.tok_emb(tokens) + self.pos_emb(pos)[None], "
+                                 "self.blocks[0].ff.p, self.training)")
+    ns = namespace(src)
+    e = grade(ns)["TinyTransformer"]
+    failed = [c.case for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
+    assert failed == [c for c in failed if "training mode" in c] and any("zero" in c for c in failed), failed
+    assert any("outside the blocks" in h for h in e["hints"]), e["hints"]
+    assert "TinyTransformer" in self_check_failures(CH, ns, ["TinyTransformer"])
+
+
+def test_a_tanh_gelu_is_named_in_every_failing_case_not_float32():
+    """The tanh GELU is within 1e-4 of the exact one, so outputs can match at float32's accuracy
+    while a gradient is off; the hint names the GELU (a model at float64's accuracy), in every
+    failing case of TinyTransformer and in the self-check, never float32."""
+    from grading_helpers import self_check_failures
+    ns = namespace(patch(TEMPLATE, "act", 'h = F.gelu(self.fc1(x), approximate="tanh")'))
+    e = grade(ns)["TinyTransformer"]
+    hints = [c.hint or "" for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
+    assert hints and all("tanh" in h for h in hints), hints
+    assert "tanh" in (self_check_failures(CH, ns, ["TinyTransformer"])["TinyTransformer"].hint or "")
+
+
+def test_nan_on_fully_masked_rows_is_caught_through_the_whole_model():
+    """A plain softmax in the pasted MultiHeadAttention: the fully masked row's NaN reaches the
+    logits; TinyTransformer loses that case (before, every TinyTransformer case passed)."""
+    src = MHA_UNSCALED.replace("w = attention_weights(q * math.sqrt(q.shape[-1]), k, mask)     # undoes the scaling",
+                               "s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+                               "        if mask is not None:\n"
+                               "            s = s.masked_fill(~mask, float('-inf')) if mask.dtype == torch.bool "
+                               "else s + mask\n"
+                               "        w = torch.softmax(s, dim=-1)")
+    assert "torch.softmax(s, dim=-1)" in src
+    e = grade(namespace(src + TEMPLATE))["TinyTransformer"]  # (the template's blocks use this module)
+    failed = [c.case for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
+    assert failed and all("fully masked" in c for c in failed), failed

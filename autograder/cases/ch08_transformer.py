@@ -252,6 +252,21 @@ def _tiny_call(name, gen, cls, *, vocab, max_len, E, H, layers, hidden, B=2, L=5
                 grad=[] if expect_error else ["params"], dtype=dtype, expect_error=expect_error)
 
 
+TINY_DROPOUT_P = 0.5
+
+
+def _silent_blocks(c):
+    """TinyTransformer in training mode, with every block's out_proj and fc2 zero: each block
+    then adds nothing to the residual stream whatever its dropout drops (the contract's dropout
+    acts on the attention weights and on fc2's output only), so the logits are deterministic and
+    equal the eval-mode ones. Dropout anywhere else (on the embeddings, as GPT-2 and nanoGPT
+    have it; on the residual stream; after ln_f) changes them. No gradients: those of the zeroed
+    layers depend on the random draw."""
+    state = {k: (torch.zeros_like(v) if ".attn.out_proj." in k or ".ff.fc2." in k else v)
+             for k, v in c.state.items()}
+    return dataclasses.replace(c, state=state, grad=[])
+
+
 def _tiny_cases(gen, ref, quick):
     cls = ref["TinyTransformer"]
     cs = [
@@ -266,7 +281,11 @@ def _tiny_cases(gen, ref, quick):
     def rule_cases():  # (last in both lists, so the cases before keep their inputs)
         return [_tiny_call("2 blocks, mask (L, L) with a fully masked row: finite logits and gradients", gen, cls,
                            vocab=8, max_len=6, E=8, H=2, layers=2, hidden=16, L=5,
-                           mask=bool_mask(gen, 5, 5, full_rows=1))]
+                           mask=bool_mask(gen, 5, 5, full_rows=1)),
+                _silent_blocks(_tiny_call(
+                    f"dropout={TINY_DROPOUT_P} in training mode, blocks whose out_proj and fc2 are zero: dropout acts "
+                    "inside the blocks only, so the logits are the eval-mode ones", gen, cls, vocab=9, max_len=8, E=8,
+                    H=2, layers=2, hidden=16, B=3, L=6, dropout=TINY_DROPOUT_P, mask=causal(6), train=True))]
 
     if quick:
         return cs + rule_cases() + [
@@ -388,6 +407,10 @@ def _explain_tiny(call, student, expected, mismatch):
         return ("the output head is tied to the token embedding (head.weight = tok_emb.weight, or logits = "
                 "x @ tok_emb.weight.T, as GPT-2 does): this model's head = nn.Linear(embed_dim, vocab_size) has "
                 "a weight of its own, and a bias")
+    if call.train and (call.init or {}).get("dropout") and mismatch.aspect == "values":
+        return ("dropout acts outside the blocks (on the embeddings as GPT-2 and nanoGPT do, on the residual "
+                "stream, or after ln_f): in this model it acts only inside each block, on the attention weights "
+                "and on the feed-forward output")
     if call.expect_error == "ValueError":
         return "raise ValueError in forward when the sequence is longer than max_len"
     if mismatch.aspect == "returned" and (student.returned or "").startswith("tuple(Tensor, Tensor"):
