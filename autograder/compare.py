@@ -301,7 +301,7 @@ def _grad_label(name: str) -> str:
 
 def _compare_params(student: Outcome, expected: Outcome) -> Mismatch | None:
     sp, ep = student.params or {}, expected.params or {}
-    missing = [k for k in ep if k not in sp]
+    missing = [k for k in ep if k not in sp and k not in expected.transient]
     if missing:
         have = ", ".join(sorted(sp)) or "none"
         return Mismatch("params", f"the module has no parameter or buffer named {', '.join(missing)} "

@@ -162,7 +162,9 @@ class ReferenceCache:
         with self._lock:
             for k, calls in cases.items():
                 self._cases.setdefault(k, calls)
-            added = [k for k in outcomes if k not in self._outcomes]
+            # new outcomes, and ones that now carry the reference's float32 run (with_float32)
+            added = [k for k, o in outcomes.items() if k not in self._outcomes
+                     or (o.at_float32 is not None and self._outcomes[k].at_float32 is None)]
             for k in added:
                 self._outcomes[k] = outcomes[k]
         return len(added)
@@ -184,6 +186,12 @@ class ReferenceCache:
     def count(self) -> int:
         with self._lock:
             return len(self._outcomes)
+
+    def held(self) -> int:
+        """How much there is to store: outcomes, and the float32 runs attached to them (so that
+        one added by with_float32 counts as new)."""
+        with self._lock:
+            return len(self._outcomes) + sum(o.at_float32 is not None for o in self._outcomes.values())
 
     def snapshot(self) -> bytes:
         """Everything `export` gives, as one `wire` frame for worker processes of this grader."""

@@ -108,9 +108,9 @@ def persisted(references, seed: int, quick: bool):
     data = store.load()
     if data is not None:
         references.merge(data)
-    before = references.count()
+    before = references.held()
     try:
         yield store
     finally:
-        if references.count() > before:
+        if references.held() > before:
             store.save(references.export(seed, quick))

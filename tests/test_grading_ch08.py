@@ -386,3 +386,5 @@ def test_nan_on_fully_masked_rows_is_caught_through_the_whole_model():
     e = grade(namespace(src + TEMPLATE))["TinyTransformer"]  # (the template's blocks use this module)
     failed = [c.case for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
     assert failed and all("fully masked" in c for c in failed), failed
+    hints = [c.hint or "" for t in e["tests"] if t.device == "cpu" for c in t.cases if not c.passed]
+    assert all("all masked" in h for h in hints), hints  # (the NaN spreads in block 2: still this hint)

@@ -106,3 +106,28 @@ def test_an_online_softmax_that_divides_by_zero_on_a_fully_masked_query_is_told_
 
 def test_the_generic_diagnoses_are_distinct():
     assert len({KEPT_KEYS_NAN, FULLY_MASKED_NAN, OVERFLOW_NAN}) == 3
+
+
+def test_nan_in_lse_on_queries_that_have_keys_is_not_blamed_on_fully_masked_ones():
+    """lse holds one value per query: its NaN is placed against the mask's queries as it is
+    (not reduced over its last axis), so NaN on every query is not "a fully masked query"."""
+    from autograder.cases import _module, nonfinite_hint
+    from autograder.calls import Call, Outcome
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1] = False
+    c = Call(CH7, "online_softmax_attention", "c", "online_softmax_attention",
+             args=[torch.zeros(2, 4, 3), torch.zeros(2, 6, 3), torch.zeros(2, 6, 2)], kwargs={"mask": mask})
+    lse = torch.zeros(2, 4)
+    lse[:, 1] = float("-inf")
+    spec = _module(CH7).HINTS["online_softmax_attention"]
+    expected = Outcome(outputs=[torch.zeros(2, 4, 2), lse])
+    everywhere = Outcome(outputs=[torch.zeros(2, 4, 2), torch.full((2, 4), float("nan"))])
+    only_dead = Outcome(outputs=[torch.zeros(2, 4, 2), torch.where(lse.isinf(), float("nan"), lse)])
+    spec = type(spec)(fully_masked=spec.fully_masked)  # the diagnosis by where only, without the models
+    assert nonfinite_hint(spec, c, everywhere, expected, 1).startswith(spec.fully_masked + "; or")
+    some = torch.zeros(2, 4)
+    some[0, 2] = float("nan")
+    some[:, 1] = float("-inf")
+    assert nonfinite_hint(spec, c, Outcome(outputs=[torch.zeros(2, 4, 2), some]), expected, 1) == \
+        KEPT_KEYS_NAN
+    assert nonfinite_hint(spec, c, only_dead, expected, 1) == spec.fully_masked

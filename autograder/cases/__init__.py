@@ -189,12 +189,12 @@ def small_difference_hint(call: Call, student: Outcome, expected: Outcome) -> st
     own float32 run) and whose gradient is off: the mistake model that explains the outputs at
     float64's accuracy, where a small mistake shows (a tanh GELU is within 1e-4 of the exact
     one, inside float32's tolerance: at the usual hint tolerance it explains the reference too)."""
-    if call.dtype != "float64" or (call.chapter, call.exercise) in _extra_hints():
-        return None
-    spec = _module(call.chapter).HINTS.get(call.exercise)
     try:
+        if call.dtype != "float64" or (call.chapter, call.exercise) in _extra_hints():
+            return None
+        spec = _module(call.chapter).HINTS.get(call.exercise)
         return spec and model_hint(spec, call, student, expected, dtype=EXACT)
-    except Exception:
+    except Exception:  # a hint is a courtesy: never an error of the grader
         return None
 
 
@@ -284,11 +284,18 @@ def _nonfinite_where_finite(student: Outcome, expected: Outcome, i) -> torch.Ten
 
 
 def _dead_queries(call: Call) -> torch.Tensor | None:
-    """The call's mask's queries with no key left, (..., L_q) (None without a mask)."""
+    """The call's mask's queries with no key left, (..., L_q) (None without a mask). `mask` is
+    boolean (False: masked) or additive (-inf: masked); AlphaFold's `attention_mask` is a
+    keep-mask of 0 and 1 whatever its dtype."""
     for name in _MASK_NAMES:
         m = call.kwargs.get(name)
         if isinstance(m, torch.Tensor) and m.dim() >= 1:
-            dead = ~m if m.dtype == torch.bool else (torch.isneginf(m) if m.is_floating_point() else m == 0)
+            if m.dtype == torch.bool:
+                dead = ~m
+            elif name == "mask" and m.is_floating_point():
+                dead = torch.isneginf(m)
+            else:
+                dead = m == 0
             return dead.all(-1)
     return None
 
@@ -343,11 +350,23 @@ def nonfinite_hint(spec: Hints, call: Call, student: Outcome, expected: Outcome,
     bad, dead = _nonfinite_where_finite(student, expected, i), _dead_queries(call)
     if dead is None:
         return OVERFLOW_NAN
-    rows = bad.any(-1) if bad.dim() > 1 else bad
+    # the output's query rows: a vector per query (..., L_q, d), or one value per query (lse)
+    L_q = dead.shape[-1]
+    if bad.dim() >= 2 and L_q in (1, bad.shape[-2]):
+        rows = bad.any(-1)
+    elif bad.dim() >= 1 and bad.shape[-1] == L_q:
+        rows = bad
+    else:
+        return None
     aligned = _rows_aligned(dead, rows)
-    if aligned is not None:  # by where: only on queries with no key left, or also on others
-        return (spec.fully_masked or FULLY_MASKED_NAN) if not bool((rows & ~aligned).any()) else KEPT_KEYS_NAN
-    return KEPT_KEYS_NAN if bool(bad.all()) or not bool(dead.any()) else (spec.fully_masked or FULLY_MASKED_NAN)
+    if aligned is None:
+        return None  # the output's axes do not line up with the mask's queries: no guess
+    fully_masked = spec.fully_masked or FULLY_MASKED_NAN
+    if not (bool(aligned.any()) and bool(rows[aligned].all())):
+        return KEPT_KEYS_NAN  # a query with no key left came out right: the NaN is elsewhere
+    if bool((rows & ~aligned).any()):  # NaN on every kind of query: either cause (or both)
+        return f"{fully_masked}; or, if that is handled, {KEPT_KEYS_NAN[0].lower()}{KEPT_KEYS_NAN[1:]}"
+    return fully_masked
 
 
 def call(case: str, *args, **fields) -> Call:

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from ..inputs import bool_mask, distinct_state, float_mask, randn
-from . import Hints, Mistake, call
+from . import Hints, Mistake, call, model_hint
 from . import ch03_multi_head_attention as ch03
 
 
@@ -326,19 +326,20 @@ def _ff(x, st, prefix="", act="erf"):
     return _lin(h, st, prefix + "fc2")
 
 
-def _mha(x, st, prefix, H, mask):
+def _mha(x, st, prefix, H, mask, full_rows="zero"):
     q, k, v = (ch03._split(_lin(x, st, prefix + n), H) for n in ("q_proj", "k_proj", "v_proj"))
-    o, w = ch03._attend(q, k, v, mask)
+    o, w = ch03._attend(q, k, v, mask, full_rows=full_rows)
     return _lin(ch03._merge(o), st, prefix + "out_proj"), w
 
 
-def _block(x, st, prefix, H, mask, order="pre", res_attn=True, res_ff=True, act="erf", swap_ln=False):
+def _block(x, st, prefix, H, mask, order="pre", res_attn=True, res_ff=True, act="erf", swap_ln=False,
+           full_rows="zero"):
     ln1, ln2 = ("ln_2", "ln_1") if swap_ln else ("ln_1", "ln_2")
     if order == "post":
         a, w = _mha(x, st, prefix + "attn.", H, mask)
         h = _ln(x + a, st, prefix + ln1)
         return _ln(h + _ff(h, st, prefix + "ff.", act), st, prefix + ln2), w
-    a, w = _mha(_ln(x, st, prefix + ln1), st, prefix + "attn.", H, mask)
+    a, w = _mha(_ln(x, st, prefix + ln1), st, prefix + "attn.", H, mask, full_rows)
     h = x + a if res_attn else a
     f = _ff(_ln(h, st, prefix + ln2), st, prefix + "ff.", act)
     return (h + f if res_ff else f), w
@@ -375,6 +376,9 @@ def _tiny_model(call, pos_from=0, final_ln=True, mask_every=True, scale_emb=Fals
     return [_lin(x, st, "head")] + ws
 
 
+_FULLY_MASKED_IN_A_BLOCK = ("a query whose keys are all masked gives NaN in the attention (softmax of all -inf), and "
+                            "the residual stream carries it on through the LayerNorms (and the head): give such rows "
+                            "zero weights (masked_fill after the softmax), as chapter 3's MultiHeadAttention does")
 BLOCK_MISTAKES = [
     ("post-LN order: this block is pre-LayerNorm (GPT-2), a = attn(ln_1(x)), h = x + a, "
      "out = h + ff(ln_2(h)); not ln_1(x + attn(x))", dict(order="post")),
@@ -386,6 +390,7 @@ BLOCK_MISTAKES = [
      "F.gelu(x) or nn.GELU()", dict(act="tanh")),
     ("the feed-forward layer uses ReLU: the contract's activation is the exact GELU, F.gelu(x)",
      dict(act="relu")),
+    (_FULLY_MASKED_IN_A_BLOCK, dict(full_rows="nan")),
 ]
 TINY_MISTAKES = BLOCK_MISTAKES + [
     ("the positions start at 1: the first token gets pos_emb(0), so positions are torch.arange(L)",
@@ -407,7 +412,8 @@ def _explain_tiny(call, student, expected, mismatch):
         return ("the output head is tied to the token embedding (head.weight = tok_emb.weight, or logits = "
                 "x @ tok_emb.weight.T, as GPT-2 does): this model's head = nn.Linear(embed_dim, vocab_size) has "
                 "a weight of its own, and a bias")
-    if call.train and (call.init or {}).get("dropout") and mismatch.aspect == "values":
+    if call.train and (call.init or {}).get("dropout") and mismatch.aspect == "values" and mismatch.output == 0 \
+            and model_hint(HINTS["TinyTransformer"], call, student, expected) is None:
         return ("dropout acts outside the blocks (on the embeddings as GPT-2 and nanoGPT do, on the residual "
                 "stream, or after ln_f): in this model it acts only inside each block, on the attention weights "
                 "and on the feed-forward output")
@@ -424,9 +430,6 @@ def _hints(model, mistakes, explain=None, fully_masked=None):
                  mistakes=tuple(Mistake(text, partial(model, **kw)) for text, kw in mistakes))
 
 
-_FULLY_MASKED_IN_A_BLOCK = ("a query whose keys are all masked gives NaN in the attention (softmax of all -inf), and "
-                            "the residual stream carries it on through the LayerNorms (and the head): give such rows "
-                            "zero weights (masked_fill after the softmax), as chapter 3's MultiHeadAttention does")
 HINTS = {
     "MultiHeadAttention": ch03.HINTS["MultiHeadAttention"],  # the pasted chapter 3 module, its hints
     "FeedForward": _hints(_ff_model, FF_MISTAKES),
