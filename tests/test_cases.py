@@ -36,11 +36,13 @@ def test_a_mistake_that_the_reference_also_shows_explains_nothing():
     assert model_hint(spec, CALL, RIGHT, RIGHT) is None
 
 
-def test_nan_counts_as_zero_except_where_the_model_itself_gives_nan():
+def test_nan_never_matches():
+    """NaN equal to NaN is no evidence for a mistake model, and NaN weights are not zero ones
+    (a NaN the reference lacks is diagnosed by where it is: tests/test_nonfinite_hints.py)."""
     nan_row = torch.tensor([[float("nan"), float("nan")], [1.0, 2.0]])
     zero_row = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
-    assert matches(nan_row, zero_row) and matches(nan_row, nan_row)
-    assert not matches(zero_row, nan_row)
+    assert not matches(nan_row, zero_row) and not matches(nan_row, nan_row)
+    assert not matches(zero_row, nan_row) and matches(zero_row, zero_row.clone())
 
 
 def test_explain_runs_first_and_weights_right_is_the_last_resort():

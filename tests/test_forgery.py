@@ -188,9 +188,11 @@ def online_softmax_attention(q, k, v, mask=None, block_size=64):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
-    lse = torch.logsumexp(s, -1)
-    w = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    return w @ v, lse
+    dead = torch.isneginf(s).all(-1, keepdim=True)  # (no NaN, nor NaN gradients, on fully masked rows)
+    s = s.masked_fill(dead, 0.0)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    w = torch.exp(s - lse).masked_fill(dead, 0.0)
+    return w @ v, lse.squeeze(-1).masked_fill(dead.squeeze(-1), float("-inf"))
 '''
 
 
