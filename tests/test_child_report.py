@@ -57,3 +57,16 @@ def test_a_required_error_is_believed_only_from_a_raise_in_the_graded_code():
     stub = {"type": "NotImplementedError", "mro": ["NotImplementedError", "ValueError"], "message": "",
             "where": "<cell 3>, line 5, in f: raise MyError('bad x')"}
     assert not expected_error_credible(stub, "ValueError", cells, "f")
+
+
+def test_the_float32_run_is_never_read_from_the_child():
+    """`at_float32` (the reference's own float32 run, which widens what passes in a float64 case)
+    is computed in the grader only: a child that sends one, as a patched executor could, has it
+    dropped. (`transient`, the non-persistent buffer names, is read: at most it spares an extra
+    buffer the "unexpected parameters" message, never a value comparison.)"""
+    forged = Outcome(returned="Tensor", outputs=[torch.zeros(2)], meta=[{"shape": [2], "dtype": "float32",
+                                                                        "device": "cpu"}]).to_plain()
+    forged["at_float32"] = {"outputs": [torch.ones(2)], "grads": {}}
+    forged["transient"] = ["position_ids"]
+    out = validated(forged)
+    assert out is not None and out.at_float32 is None and out.transient == ["position_ids"]
