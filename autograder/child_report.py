@@ -5,6 +5,8 @@ tensors (the `wire` decoder's own) are accepted.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from dataclasses import fields
 
@@ -135,15 +137,24 @@ def _innermost_cell_frame(where: str) -> tuple[int, str] | None:
     return (int(frames[-1][1]), frames[-1][3].strip()) if frames else None
 
 
-def _notebook_classes(cells: list[str]) -> dict[str, list[str]]:
-    """Class name -> the names of its bases, for the classes the notebook defines."""
-    import ast
+@functools.lru_cache(maxsize=256)
+def _parsed(source: str) -> ast.Module | None:
+    """One cell's syntax tree (None where it does not parse), parsed once: every case that
+    expects an error asks about the same cells. Read only, never changed."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
+
+@functools.lru_cache(maxsize=32)
+def _notebook_classes(cells: tuple[str, ...]) -> dict[str, list[str]]:
+    """Class name -> the names of its bases, for the classes the notebook defines (the caller
+    only reads it)."""
     classes = {}
     for source in cells:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError):
+        tree = _parsed(source)
+        if tree is None:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
@@ -171,13 +182,10 @@ def _is_a(type_name: str, expected: str, classes: dict, depth: int = 0) -> bool:
 def _definition_span(cells: list[str], name: str) -> tuple[int, int, int] | None:
     """(cell number, first line, last line) of the notebook's last top-level definition of
     `name` (cells run top to bottom: the last one is what is graded)."""
-    import ast
-
     span = None
     for number, source in enumerate(cells, 1):
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError):
+        tree = _parsed(source)
+        if tree is None:
             continue
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
@@ -201,7 +209,7 @@ def expected_error_credible(error: dict, expected: str, cells: list[str], target
     # (a `raise` anywhere on the line: `if h % n: raise ValueError(...)` is a raise too)
     if not (re.search(r"\braise\b", text) and re.search(rf"\b{re.escape(type_name)}\b", text)):
         return False
-    if not _is_a(type_name, expected, _notebook_classes(cells)):
+    if not _is_a(type_name, expected, _notebook_classes(tuple(cells))):
         return False
     if target is None:
         return True

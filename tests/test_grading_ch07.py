@@ -193,6 +193,18 @@ def test_the_whole_score_matrix_fails_only_the_memory_cases_and_says_why():
     assert all("score matrix" in c[2] for c in failed), failed
 
 
+def test_the_memory_case_runs_on_the_cpu_only():
+    """The meta device holds no memory to cap: running the 2^26-score case there checked
+    nothing the small cases do not, and cost a third of a second of meta kernels a student."""
+    from autograder.grading import variants
+    cases = REFERENCES.cases(CH, "online_softmax_attention", GRADER.seed, False)
+    capped = {i for i, c in enumerate(cases) if c.capped_memory}
+    assert capped
+    assert capped <= {i for i, _ in variants(cases, "cpu")}
+    meta = {i for i, _ in variants(cases, "meta")}
+    assert not capped & meta and meta  # the other cases keep their meta run
+
+
 def test_the_reference_stays_within_the_memory_limit_that_a_full_matrix_exceeds():
     from autograder.cases.ch07_efficient_attention import memory_limit
     ref = load_reference(CH)
