@@ -162,6 +162,7 @@ def _set_limits(config: dict) -> None:
     rlimits = dict(config["rlimits"])
     headroom = config.get("data_headroom")
     if headroom:  # a memory case: this much beyond what the process holds now (torch included)
+        _cuda_before_cap()
         rlimits["DATA"] = min(rlimits.get("DATA") or headroom + _data_now(), headroom + _data_now())
     for name, value in rlimits.items():
         res = getattr(resource, f"RLIMIT_{name}", None)
@@ -182,6 +183,20 @@ def _set_limits(config: dict) -> None:
             resource.setrlimit(res, (nproc, nproc))
         except (ValueError, OSError):
             pass
+
+
+def _cuda_before_cap() -> None:
+    """Where a GPU is visible, a chapter graded under the memory cap starts CUDA before the cap
+    is set: the driver's own host memory (hundreds of MiB on a GPU machine) is no part of what
+    the memory case measures, and counted against the headroom it would make the chapter's CUDA
+    cases run out of memory. (Nothing to do on a machine without CUDA.)"""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.init()
+    except Exception:  # CUDA that cannot start: its cases report why when they run
+        pass
 
 
 def _data_now() -> int:

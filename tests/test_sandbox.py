@@ -435,6 +435,27 @@ def test_memory_hog_is_stopped_and_reported(mode):
             assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
 
 
+def test_a_memory_capped_child_starts_cuda_before_its_cap_is_set(monkeypatch):
+    """On a GPU machine the CUDA driver's host memory must not count against the memory case's
+    headroom: the child starts CUDA first, then measures what it holds and sets the cap (a
+    child without a memory case never starts CUDA here). Simulated: no GPU on this machine."""
+    import resource
+
+    from autograder import worker
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "init", lambda: events.append("cuda"))
+    monkeypatch.setattr(worker, "_data_now", lambda: events.append("measured") or 1 << 30)
+    monkeypatch.setattr(resource, "setrlimit", lambda res, value: events.append(("limit", res, value)))
+    worker._set_limits({"rlimits": {"DATA": None}, "data_headroom": 64 << 20})
+    assert events[:2] == ["cuda", "measured"], events
+    assert ("limit", resource.RLIMIT_DATA, ((1 << 30) + (64 << 20),) * 2) in events
+    events.clear()
+    worker._set_limits({"rlimits": {"DATA": None}})
+    assert "cuda" not in events
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_giant_output_is_capped(mode):
     cells = ["for _ in range(100_000):\n    print('x' * 100)\n", "y = 1", HOSTILE]
