@@ -137,23 +137,25 @@ def _innermost_cell_frame(where: str) -> tuple[int, str] | None:
     return (int(frames[-1][1]), frames[-1][3].strip()) if frames else None
 
 
-@functools.lru_cache(maxsize=256)
-def _parsed(source: str) -> ast.Module | None:
-    """One cell's syntax tree (None where it does not parse), parsed once: every case that
-    expects an error asks about the same cells. Read only, never changed."""
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+@functools.lru_cache(maxsize=4)
+def _parsed(cells: tuple[str, ...]) -> tuple[ast.Module | None, ...]:
+    """Each cell's syntax tree (None where it does not parse), parsed once per notebook: every
+    case that expects an error asks about the same cells. Only the last few notebooks are kept
+    (a notebook may be large). Read only, never changed."""
+    def parse(source: str) -> ast.Module | None:
+        try:
+            return ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+    return tuple(parse(source) for source in cells)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=4)
 def _notebook_classes(cells: tuple[str, ...]) -> dict[str, list[str]]:
     """Class name -> the names of its bases, for the classes the notebook defines (the caller
     only reads it)."""
     classes = {}
-    for source in cells:
-        tree = _parsed(source)
+    for tree in _parsed(cells):
         if tree is None:
             continue
         for node in ast.walk(tree):
@@ -183,8 +185,7 @@ def _definition_span(cells: list[str], name: str) -> tuple[int, int, int] | None
     """(cell number, first line, last line) of the notebook's last top-level definition of
     `name` (cells run top to bottom: the last one is what is graded)."""
     span = None
-    for number, source in enumerate(cells, 1):
-        tree = _parsed(source)
+    for number, tree in enumerate(_parsed(tuple(cells)), 1):
         if tree is None:
             continue
         for node in tree.body:
