@@ -19,6 +19,7 @@ e.g. a saturated softmax, float32 itself lands that far from float64).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -322,9 +323,9 @@ def _compare_params(student: Outcome, expected: Outcome) -> Mismatch | None:
 
 def compare_meta(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
     """For the device-portability run: everything but values (the meta device has none)."""
-    stripped = Outcome(**{**expected.to_plain(), "outputs": [None] * len(expected.outputs), "grads": {}})
-    s = Outcome(**{**student.to_plain(), "outputs": [None] * len(student.outputs), "grads": {},
-                   "inputs_modified": []})
+    # (shallow copies: `compare` only reads them; to_plain would deep-copy every tensor)
+    stripped = dataclasses.replace(expected, outputs=[None] * len(expected.outputs), grads={}, at_float32=None)
+    s = dataclasses.replace(student, outputs=[None] * len(student.outputs), grads={}, inputs_modified=[])
     m = compare(call, s, stripped)
     if m and m.aspect == "error" and "meta" in m.message.lower() or (m and m.aspect == "device"):
         m.hint = ("some tensor is created on a fixed device: create new tensors with "
