@@ -59,6 +59,24 @@ def test_a_required_error_is_believed_only_from_a_raise_in_the_graded_code():
     assert not expected_error_credible(stub, "ValueError", cells, "f")
 
 
+def test_a_classmates_exception_class_is_not_believed_from_the_parse_cache():
+    """The grader parses each notebook once for these checks (child_report._parsed, kept for the
+    last few notebooks a worker graded). A student whose notebook raises `ShapeError` without
+    making it a ValueError must not borrow the class of a classmate graded just before, whose
+    notebook has the same raise line and `class ShapeError(ValueError)`."""
+    from autograder.child_report import expected_error_credible
+
+    graded = "def f(x):\n    raise ShapeError('bad x')\n"
+    classmate = ["import torch\n", "class ShapeError(ValueError):\n    pass\n", graded]
+    student = ["import torch\n", "class ShapeError(RuntimeError):\n    pass\n", graded]
+    claim = {"type": "ShapeError", "mro": ["ShapeError", "ValueError"], "message": "bad x",
+             "where": "<cell 3>, line 2, in f: raise ShapeError('bad x')"}
+    for _ in range(2):  # (the second round is answered from the cache)
+        assert expected_error_credible(claim, "ValueError", classmate, "f")
+        assert not expected_error_credible(claim, "ValueError", student, "f")
+        assert not expected_error_credible(claim, "ValueError", student[::2], "f")  # no class at all
+
+
 def test_the_float32_run_is_never_read_from_the_child():
     """`at_float32` (the reference's own float32 run, which widens what passes in a float64 case)
     is computed in the grader only: a child that sends one, as a patched executor could, has it

@@ -143,3 +143,32 @@ def test_unscaled_scores_still_fail_in_half_precision(dtype):
     src = next(b[2] for b in test_grading_ch02.BUGGY if b[0] == "unscaled")
     found = mismatches(test_grading_ch02.CH, namespace_of(test_grading_ch02.CH, src), dtype)
     assert any(ex == "scaled_dot_product_attention" and aspect == "values" for ex, _, aspect, _ in found), found
+
+
+def test_a_meta_comparison_leaves_the_shared_reference_outcome_as_it_was():
+    """compare_meta judges shallow copies of the two outcomes (no deep copy of every reference
+    tensor): the reference outcome is the grader's cached one, shared by every student a worker
+    grades. Whatever a student's child reports (a forged structure, extra parameters, a load
+    error, a wrong return), the cached outcome must come out of the comparison unchanged."""
+    from autograder import wire
+    from autograder.child_report import validated
+    from autograder.grading import reference_key, variants
+
+    chapter, exercise = "08_transformer", "TinyTransformer"
+    cases = REFERENCES.cases(chapter, exercise, GRADER.seed, False)
+    index, c = variants(cases, "meta")[0]
+    expected = REFERENCES.expected(c, reference_key(chapter, exercise, GRADER.seed, False, index, c))
+    before = wire.encode(expected.to_plain())
+    hostile = [
+        {"returned": "tuple(Tensor, list(Tensor))", "outputs": [None, None],
+         "meta": [{"shape": [9, 9], "dtype": "float64", "device": "cpu"}] * 2,
+         "params": {"evil": [1], **{k: [7] for k in expected.params}}, "transient": ["evil"],
+         "load_error": "missing: everything", "inputs_modified": ["tokens"], "called": ["softmax"]},
+        {"error": {"type": "ValueError", "message": "x", "where": ""}},
+        {"returned": "NoneType"},
+    ]
+    for plain in hostile:
+        student = validated(plain)
+        assert student is not None
+        assert compare_meta(c, student, expected) is not None
+    assert wire.encode(expected.to_plain()) == before
