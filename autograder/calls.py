@@ -153,6 +153,7 @@ class Outcome:
     called: list = field(default_factory=list)
     largest_tensor: list | None = None
     at_float32: dict | None = None
+    device_note: str = ""
 
     def to_plain(self) -> dict:
         return asdict(self)

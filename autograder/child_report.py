@@ -99,6 +99,7 @@ def validated(d) -> Outcome | None:
             setattr(out, key, [_text(v, 500) for v in value[:100]])
         seconds = d.get("seconds", 0.0)
         out.seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+        out.device_note = _text(d.get("device_note", ""), 300)
         largest = d.get("largest_tensor")
         if largest is not None:
             if not (isinstance(largest, list) and len(largest) == 2 and type(largest[0]) is int):

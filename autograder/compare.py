@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .calls import Call, ErrorKind, Outcome
+from .device_check import FAKE_CUDA
 
 TOLERANCES = {
     "float64": (1e-6, 1e-8),
@@ -279,7 +280,7 @@ def structure(student: Outcome, expected: Outcome, call: Call | None = None) -> 
         if s is None:
             # No data: only where the reference has none either (the meta device), or where the
             # student's tensor claims the meta device on a CPU case (reported as a device error).
-            if e is not None and sm.get("device") != "meta":
+            if e is not None and sm.get("device") != "meta" and call.device != FAKE_CUDA:
                 return Mismatch("returned", f"{name} came back without its values.", output=i)
             continue
         if list(s.shape) != list(sm.get("shape", [])) or str(s.dtype).removeprefix("torch.") != sm.get("dtype"):
@@ -321,13 +322,26 @@ def _compare_params(student: Outcome, expected: Outcome) -> Mismatch | None:
     return None
 
 
+def _as_if_on(outcome: Outcome, device: str) -> list:
+    """An outcome's output descriptions, with "meta" read as `device` where the call fell back
+    to the meta device (device_check: fake tensors have no values), so either side may have."""
+    if not outcome.device_note:
+        return outcome.meta
+    return [{**m, "device": device} if m.get("device") == "meta" else m for m in outcome.meta]
+
+
 def compare_meta(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
-    """For the device-portability run: everything but values (the meta device has none)."""
+    """For the device check (fake CUDA, or the meta device): everything but values (neither has
+    any)."""
     # (shallow copies: `compare` only reads them; to_plain would deep-copy every tensor)
-    stripped = dataclasses.replace(expected, outputs=[None] * len(expected.outputs), grads={}, at_float32=None)
-    s = dataclasses.replace(student, outputs=[None] * len(student.outputs), grads={}, inputs_modified=[])
+    on = "cuda" if call.device == FAKE_CUDA else call.device
+    stripped = dataclasses.replace(expected, outputs=[None] * len(expected.outputs), grads={}, at_float32=None,
+                                   meta=_as_if_on(expected, on))
+    s = dataclasses.replace(student, outputs=[None] * len(student.outputs), grads={}, inputs_modified=[],
+                            meta=_as_if_on(student, on))
     m = compare(call, s, stripped)
-    if m and m.aspect == "error" and "meta" in m.message.lower() or (m and m.aspect == "device"):
+    mixed = m and m.aspect == "error" and any(w in m.message.lower() for w in ("meta", "same device"))
+    if mixed or (m and m.aspect == "device"):
         m.hint = ("some tensor is created on a fixed device: create new tensors with "
                   "device=x.device (and dtype=x.dtype), or with torch.*_like / x.new_*")
     return m

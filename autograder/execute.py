@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .calls import Call, ErrorKind, Outcome
 from .contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, CHAPTERS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
+from .device_check import FAKE_CUDA, FakeCuda, is_fake, move_module, needs_meta, torch_device
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
 WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
@@ -154,7 +155,7 @@ def _place(x: Any, device: str, dtype: torch.dtype) -> Any:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device.type == "meta":
+    if a.device.type == "meta" or is_fake(a):  # (no values to compare)
         return True
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -218,6 +219,11 @@ def execute(namespace: dict, call: Call, reraise: tuple = ()) -> Outcome:
         return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
     with TorchState(), _CallRecorder(_prerequisites(namespace, call)) as calls:
         out = _execute(target, call, reraise)
+        if call.device == FAKE_CUDA and needs_meta(out.error):
+            # fake tensors have no values: a value-dependent op runs on the meta device instead
+            why = f"{out.error['type']}: {out.error['message'][:160]}"
+            out = _execute(target, call.on("meta", call.dtype), reraise)
+            out.device_note = why
     out.called = sorted(calls.called)
     return out
 
@@ -311,87 +317,14 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
     if call.answer:
         return _answer(target, call)
     dtype = getattr(torch, call.dtype)
-    device = call.device
+    device = torch_device(call.device)
     start = time.perf_counter()
     seen: set = set()
     out = Outcome()
+    fake = FakeCuda() if call.device == FAKE_CUDA else _Nothing()
     try:
-        _seed(call.seed, device)
-        args = _place(call.args, device, dtype)
-        kwargs = _place(call.kwargs, device, dtype)
-        named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
-        named_inputs.update({f"kwargs.{k}": v for k, v in kwargs.items()})
-        grad_inputs = {}
-        for name in call.grad:
-            t = named_inputs.get(name)
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                t.requires_grad_(True)
-                grad_inputs[name] = t
-        pristine = {k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
-
-        fn = target
-        module = None
-        if call.init is not None:
-            with (_Defaults(device, dtype) if call.as_default else _Nothing()), _Recorder(seen):
-                module = target(**call.init)
-            if not isinstance(module, torch.nn.Module):
-                return Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
-                                       f"(got {type(module).__name__}).")
-            lazy = [n for n, p in [*module.named_parameters(), *module.named_buffers()]
-                    if torch.nn.parameter.is_lazy(p)]
-            if lazy:
-                return Outcome.failure("TypeError", (
-                    f"`{call.target}(...)` has parameters that do not exist yet after __init__ "
-                    f"({', '.join(lazy[:4])}{', ...' if len(lazy) > 4 else ''}: nn.LazyLinear or another lazy "
-                    "layer). The grader loads the reference weights right after __init__, so every parameter "
-                    "must exist with its shape by then: use nn.Linear(in_features, out_features)."))
-            # Parameters and buffers (non-persistent ones too), by name, with their shapes.
-            out.params = {k: list(v.shape) for k, v in module.named_parameters()}
-            out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
-            persistent = module.state_dict(keep_vars=True)
-            out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
-            module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
-            if call.state is not None:
-                state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
-                own = module.state_dict()
-                missing = [k for k in state if k not in own]
-                if missing:
-                    out.load_error = "missing " + ", ".join(missing)
-                else:
-                    try:
-                        module.load_state_dict(state, strict=False)
-                    except Exception as e:  # shape mismatch
-                        out.load_error = str(e).strip().splitlines()[-1][:500]
-            module.to(device=device, dtype=dtype)
-            module.train(call.train)
-            fn = getattr(module, call.method) if call.method else module
-            if "params" in call.grad:
-                for pname, p in module.named_parameters():
-                    grad_inputs[f"param.{pname}"] = p
-
-        _seed(call.seed, device)
-        defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
-        largest = _Largest() if call.measure_memory else _Nothing()
-        with defaults, _Recorder(seen), largest:
-            value = fn(*args, **kwargs)
-        if call.measure_memory:
-            out.largest_tensor = [largest.numel, f"aten.{largest.op}"]
-        out.returned = _describe(value)
-        flat = _flatten(value)
-        for v in flat:
-            if isinstance(v, torch.Tensor):
-                out.meta.append({"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."),
-                                 "device": v.device.type})
-                out.outputs.append(None if v.device.type == "meta" else _plain(v).to("cpu"))
-            else:
-                out.meta.append({"type": type(v).__name__})
-                out.outputs.append(None)
-
-        if grad_inputs and device != "meta":
-            out.grads = _gradients(flat, grad_inputs, call.seed)
-        for name, before in pristine.items():
-            if not _same(named_inputs[name].detach(), before):
-                out.inputs_modified.append(name)
+        with fake:
+            _run(target, call, reraise, device, dtype, seen, out)
     except reraise:
         raise
     except BaseException as e:  # student code may raise anything, SystemExit included
@@ -400,6 +333,92 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
         out.error = describe_error(e)
     out.forbidden = sorted(seen)
     out.seconds = time.perf_counter() - start
+    return out
+
+
+def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out: Outcome) -> Outcome:
+    """The body of `_execute`: fills `out` (returns early with it on a module that cannot be used)."""
+    _seed(call.seed, call.device)
+    args = _place(call.args, device, dtype)
+    kwargs = _place(call.kwargs, device, dtype)
+    named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
+    named_inputs.update({f"kwargs.{k}": v for k, v in kwargs.items()})
+    grad_inputs = {}
+    for name in call.grad:
+        t = named_inputs.get(name)
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            t.requires_grad_(True)
+            grad_inputs[name] = t
+    pristine = {k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
+
+    fn = target
+    module = None
+    if call.init is not None:
+        with (_Defaults(device, dtype) if call.as_default else _Nothing()), _Recorder(seen):
+            module = target(**call.init)
+        if not isinstance(module, torch.nn.Module):
+            out.error = Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
+                                        f"(got {type(module).__name__}).").error
+            return out
+        lazy = [n for n, p in [*module.named_parameters(), *module.named_buffers()]
+                if torch.nn.parameter.is_lazy(p)]
+        if lazy:
+            out.error = Outcome.failure("TypeError", (
+                f"`{call.target}(...)` has parameters that do not exist yet after __init__ "
+                f"({', '.join(lazy[:4])}{', ...' if len(lazy) > 4 else ''}: nn.LazyLinear or another lazy "
+                "layer). The grader loads the reference weights right after __init__, so every parameter "
+                "must exist with its shape by then: use nn.Linear(in_features, out_features).")).error
+            return out
+        # Parameters and buffers (non-persistent ones too), by name, with their shapes.
+        out.params = {k: list(v.shape) for k, v in module.named_parameters()}
+        out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
+        persistent = module.state_dict(keep_vars=True)
+        out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
+        module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
+        if call.state is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
+            own = module.state_dict()
+            missing = [k for k in state if k not in own]
+            if missing:
+                out.load_error = "missing " + ", ".join(missing)
+            else:
+                try:
+                    module.load_state_dict(state, strict=False)
+                except Exception as e:  # shape mismatch
+                    out.load_error = str(e).strip().splitlines()[-1][:500]
+        if call.device == FAKE_CUDA:
+            move_module(module, device, dtype)
+        else:
+            module.to(device=device, dtype=dtype)
+        module.train(call.train)
+        fn = getattr(module, call.method) if call.method else module
+        if "params" in call.grad:
+            for pname, p in module.named_parameters():
+                grad_inputs[f"param.{pname}"] = p
+
+    _seed(call.seed, call.device)
+    defaults = _Defaults(device, dtype) if call.as_default else _Nothing()
+    largest = _Largest() if call.measure_memory else _Nothing()
+    with defaults, _Recorder(seen), largest:
+        value = fn(*args, **kwargs)
+    if call.measure_memory:
+        out.largest_tensor = [largest.numel, f"aten.{largest.op}"]
+    out.returned = _describe(value)
+    flat = _flatten(value)
+    for v in flat:
+        if isinstance(v, torch.Tensor):
+            out.meta.append({"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."),
+                             "device": v.device.type})
+            out.outputs.append(None if v.device.type == "meta" or is_fake(v) else _plain(v).to("cpu"))
+        else:
+            out.meta.append({"type": type(v).__name__})
+            out.outputs.append(None)
+
+    if grad_inputs and device != "meta" and call.device != FAKE_CUDA:
+        out.grads = _gradients(flat, grad_inputs, call.seed)
+    for name, before in pristine.items():
+        if not _same(named_inputs[name].detach(), before):
+            out.inputs_modified.append(name)
     return out
 
 

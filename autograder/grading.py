@@ -5,9 +5,9 @@ student's own kernel for nbgrader); this module only sees Outcomes, so compariso
 are made in the trusted process.
 
 Scoring: each exercise's points are split between a CPU test (80%) and a device-portability
-test (20%): on CUDA (float32, float16 and bfloat16) where `torch.cuda.is_available()`, else on
-the `meta` device (shapes, dtypes and devices only, which catches tensors created on a fixed
-device); a written answer ("predict the output") is one CPU test for all its points. Within a
+test (20%): on CUDA (float32, float16 and bfloat16) where `torch.cuda.is_available()`, else the
+device check (`device_check`: the code run on fake CUDA tensors, shapes, dtypes and devices only,
+which catches tensors created on a fixed device), once per code path (`code_path`); a written answer ("predict the output") is one CPU test for all its points. Within a
 test, credit is the fraction of cases passed; a portability case counts only where the same case
 passes on the CPU. Use of a forbidden built-in anywhere in an exercise zeroes the exercise.
 Every case is judged by `judge`, which the self-check and nbgrader use too.
@@ -30,6 +30,7 @@ from . import cases as case_registry
 from .calls import Call, Outcome
 from .compare import FLOAT32_NOTE, PRECISION_HINT, Mismatch, compare_meta
 from .contract import CHAPTERS, Chapter, Exercise, chapter_for_filename
+from .device_check import DEVICE_CHECKS, FAKE_CUDA, UNCHECKED_NOTE, unchecked
 from .execute import at_float32, execute
 from .inputs import grading_seed
 from .references import load_reference
@@ -42,13 +43,14 @@ HALF_CASES = 3  # how many cases also run in half precision on CUDA
 
 
 def device_plan(requested: str = "auto") -> list[str]:
-    """The devices to grade on: always the CPU, then CUDA where present, else the meta device."""
+    """The devices to grade on: always the CPU, then CUDA where present, else the device check
+    (fake CUDA)."""
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:
         raise RuntimeError("--device cuda was requested but torch.cuda.is_available() is False")
     if requested == "cpu":
-        return ["cpu", "meta"]
-    return ["cpu", "cuda" if cuda else "meta"]
+        return ["cpu", FAKE_CUDA]
+    return ["cpu", "cuda" if cuda else FAKE_CUDA]
 
 
 class ReferenceCache:
@@ -215,15 +217,60 @@ def reference_key(chapter_id: str, exercise: str, seed: int, quick: bool, index:
 STOPPING_ASPECTS = ("timeout", "crash", "missing")
 
 
+def _path_of(x):
+    """What of an argument can send code down another path: its kind, not its numbers."""
+    if isinstance(x, torch.Tensor):
+        kind = "bool" if x.dtype == torch.bool else "float" if x.is_floating_point() else "int"
+        tags = (kind, x.dim())
+        if x.numel() and x.dim() and x.dtype == torch.bool:
+            tags += (bool((~x).all(-1).any()),)  # a fully masked row
+        elif x.numel() and x.is_floating_point():
+            tags += (bool(torch.isinf(x).any()),)  # an additive -inf mask
+        return tags
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, (int, float)):
+        return (type(x).__name__, x == 0)  # (dropout=0.0 vs 0.1; a zero size)
+    if isinstance(x, (list, tuple)):
+        return tuple(_path_of(v) for v in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _path_of(v)) for k, v in x.items()))
+    return type(x).__name__
+
+
+def code_path(call: Call) -> tuple:
+    """The code path a case takes, as far as its inputs decide it: which arguments are given,
+    of which kind (no mask, a boolean or a float mask, fully masked rows, a KV cache), the
+    module's options, train mode, an expected error. A device mistake depends on the path, not
+    on the values, so the device check runs one case of each path (`variants`)."""
+    return (call.method, _path_of(call.init), call.train, call.as_default, call.expect_error,
+            bool(call.grad), _path_of(call.args), _path_of(call.kwargs))
+
+
+def device_check_groups(cases: list[Call]) -> dict[int, int]:
+    """index of each case the device check covers -> index of the case run for its code path
+    (the first case of that path). A memory case checks memory, which fake and meta tensors
+    have none of; a train-mode case draws dropout, which they cannot compare."""
+    first: dict = {}
+    groups = {}
+    for i, c in enumerate(cases):
+        if c.answer or c.train or c.capped_memory:
+            continue
+        groups[i] = first.setdefault(code_path(c), i)
+    return groups
+
+
 def variants(cases: list[Call], device: str) -> list[tuple[int, Call]]:
     """The calls of one device test, each with the index of the case it comes from. A written
-    answer (`Call.answer`) is a value, not code: it has no device variant."""
+    answer (`Call.answer`) is a value, not code: it has no device variant. The device check
+    runs one case per code path (`device_check_groups`); the other cases of a path take its
+    verdict (`grade_exercise`)."""
     if device == "cpu":
         return list(enumerate(cases))
     code = [(i, c) for i, c in enumerate(cases) if not c.answer]
-    if device == "meta":  # (a memory case checks memory, which the meta device has none of:
-        # its 2^26 scores there would cost a third of a second of Python meta kernels per student)
-        return [(i, c.on("meta", "float32")) for i, c in code if not (c.train or c.capped_memory)]
+    if device in DEVICE_CHECKS:
+        groups = device_check_groups(cases)
+        return [(i, cases[i].on(device, "float32")) for i, rep in groups.items() if i == rep]
     out = [(i, c.on("cuda", "float32")) for i, c in code]
     for dt in HALF_DTYPES:
         halves = [(i, c) for i, c in code
@@ -262,7 +309,7 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
     devices only), name the likely mistake, and record forbidden built-ins."""
     notes: list = []
     try:
-        if call.device == "meta" and not call.answer:  # (an answer is a value: compared as on the CPU)
+        if call.device in DEVICE_CHECKS and not call.answer:  # (an answer is a value: compared as on the CPU)
             m = compare_meta(call, student, expected)
         else:
             m = case_registry.compare(call, student, expected, notes)
@@ -278,6 +325,27 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
         if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
             m.hint = case_registry.small_difference_hint(call, student, expected) or PRECISION_HINT
     return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes and m is None else "")
+
+
+def _credit_cpu_only(device: str, result: CaseResult, cpu_passed: bool) -> None:
+    if device != "cpu" and result.passed and not cpu_passed:
+        result.passed, result.aspect = False, "cpu"
+        result.message = ("not credited: this case fails on the CPU, and device portability "
+                          "counts only for cases that are correct there.")
+
+
+def _same_path(cases: list[Call], index: int, result: CaseResult, name: str, cpu_passed: dict) -> list[CaseResult]:
+    """The device check's results of the cases that take the same code path as case `index`
+    (run for them all, `device_check_groups`): its verdict, each credited on its own CPU result."""
+    out = []
+    for member, rep in device_check_groups(cases).items():
+        if rep == index and member != index:
+            c = cases[member]
+            twin = dataclasses.replace(result, case=c.case, used=list(result.used), figure=None)
+            twin.note = f"same code path as \"{name}\", whose device check this is"
+            _credit_cpu_only(result.device, twin, cpu_passed.get(member, True))
+            out.append(twin)
+    return out
 
 
 def forbidden_message(ex: Exercise, names) -> str:
@@ -328,13 +396,17 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
         for index, c in variants(cases, device):
             if stop:
-                test.cases.append(CaseResult(c.case, device, c.dtype, False, stop.aspect,
-                                             f"not run: {stop.message}"))
+                skipped = CaseResult(c.case, device, c.dtype, False, stop.aspect, f"not run: {stop.message}")
+                test.cases.append(skipped)
+                if device in DEVICE_CHECKS:
+                    test.cases += _same_path(cases, index, skipped, c.case, cpu_passed)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
             expected = REFERENCES.expected(c, key)
             student = run(c)
             verdict = judge(ex, c, student, expected)
+            if c.device == FAKE_CUDA and verdict.mismatch and unchecked(student):
+                verdict = Verdict(None, verdict.forbidden, UNCHECKED_NOTE + f" ({student.error['message'][:160]})")
             if verdict.mismatch and verdict.mismatch.aspect in ("values", "grads") and c.dtype == "float64":
                 # the float32 policy: judged again against the reference's own float32 run
                 if (low := REFERENCES.with_float32(c, key, expected)) is not expected:
@@ -350,13 +422,15 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 result.figure = _figure(c, student, expected, m)
                 if m.aspect in STOPPING_ASPECTS:
                     stop = m
-            elif device != "cpu" and not cpu_passed.get(index, True):
-                result.passed, result.aspect = False, "cpu"
-                result.message = ("not credited: this case fails on the CPU, and device portability "
-                                  "counts only for cases that are correct there.")
+            if student.device_note and not result.note:
+                result.note = (f"run on the meta device: fake CUDA tensors have no values "
+                               f"({student.device_note})")
+            twins = _same_path(cases, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []
+            _credit_cpu_only(device, result, cpu_passed.get(index, True))
             if device == "cpu":
                 cpu_passed[index] = result.passed
             test.cases.append(result)
+            test.cases += twins
         if stop and stop.aspect == "missing":
             test.note = stop.message
         total = len(test.cases)

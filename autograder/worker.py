@@ -99,7 +99,8 @@ def _display(*objs, **kwargs):
 # Imported before a late privilege drop (fallback as root), for a Python installation that the
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
-             "torch.fx.experimental.symbolic_shapes",  # the meta-device checks need it (sympy)
+             "torch.fx.experimental.symbolic_shapes",  # the device checks need it (sympy)
+             "torch._subclasses.fake_tensor",  # the device check on fake CUDA (device_check)
              "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
              "collections", "typing", "dataclasses", "copy", "json", "time", "socket",

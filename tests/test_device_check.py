@@ -1,0 +1,150 @@
+"""The device check where no GPU is present (autograder/device_check.py): the code runs on fake
+CUDA tensors, which keep CUDA's device rules, once per code path (grading.code_path).
+
+Each mistake below is written as students write it; CUDA fails every one of them (issue 26's
+GPU run); the meta device, which the check replaced, let the TinyTransformer through."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.contract import CHAPTERS
+from autograder.device_check import FAKE_CUDA, FakeCuda, needs_meta
+from autograder.grading import REFERENCES, code_path, device_check_groups, variants
+from autograder.inputs import grading_seed
+from grading_helpers import grade_in, namespace_of
+
+CPU_SLOPES_ALIBI = """
+def alibi_bias(num_heads, seq_len, device=None):
+    if num_heads < 1 or num_heads & (num_heads - 1):
+        raise ValueError("num_heads must be a power of two")
+    slopes = torch.Tensor([2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)])  # the CPU
+    pos = torch.arange(seq_len, device=device)
+    offset = (pos.unsqueeze(0) - pos.unsqueeze(1)).to(torch.get_default_dtype())
+    bias = slopes.view(-1, 1, 1) * offset
+    return bias.masked_fill(offset > 0, float("-inf"))
+"""
+
+CPU_POSITIONS = """
+class TinyTransformer(TinyTransformer):
+    def forward(self, tokens, mask=None):
+        L = tokens.size(-1)
+        if L > self.pos_emb.num_embeddings:
+            raise ValueError("too long")
+        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(L))  # positions on the CPU
+        weights = []
+        for block in self.blocks:
+            x, w = block(x, mask=mask)
+            weights.append(w)
+        return self.head(self.ln_f(x)), weights
+"""
+
+CPU_MASK_IN_CAUSAL = """
+def causal_mask(seq_len, device=None):
+    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool))
+"""
+
+# A 0-dim CPU tensor meets CUDA tensors as a scalar on a GPU: no mistake.
+ZERO_DIM_SCALE = """
+def scaled_dot_product_attention(q, k, v, mask=None, _ref=scaled_dot_product_attention):
+    out, w = _ref(q, k, v, mask)
+    return out * torch.tensor(1.0, dtype=out.dtype), w
+"""
+
+# Moves done right, in every spelling: the check must not fail them.
+MOVES = """
+def causal_mask(seq_len, device=None):
+    m = torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool))
+    m = m.to(device) if device is not None else m
+    m = m.to(m.device).to(dtype=torch.bool)
+    x = torch.empty(seq_len, seq_len, dtype=torch.bool, device=m.device)
+    x.copy_(torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool)).to(m.device))
+    y = torch.as_tensor(m, device=m.device) & m.new_tensor(True)
+    return y & x
+"""
+
+# Value-dependent control flow: fake tensors have no values, so the call runs on the meta
+# device, and the case says so.
+VALUE_DEPENDENT = """
+def causal_mask(seq_len, device=None, _ref=causal_mask):
+    m = _ref(seq_len, device)
+    if m.any():
+        return m
+    return m
+"""
+
+
+def _device_row(chapter: str, src: str, exercise: str):
+    e = grade_in(chapter, namespace_of(chapter, src))[exercise]
+    return e["cpu"], e[FAKE_CUDA], e
+
+
+@pytest.mark.parametrize("chapter,exercise,src", [
+    ("07_efficient_attention", "alibi_bias", CPU_SLOPES_ALIBI),
+    ("08_transformer", "TinyTransformer", CPU_POSITIONS),
+    ("05_masks", "causal_mask", CPU_MASK_IN_CAUSAL),
+])
+def test_a_tensor_made_on_the_cpu_loses_the_device_row(chapter, exercise, src):
+    cpu, device, e = _device_row(chapter, src, exercise)
+    assert cpu[0] == cpu[1] > 0, "correct on the CPU"
+    assert device[0] < device[1], "the device check must fail it, as CUDA does"
+    failing = [c for t in e["tests"] if t.device == FAKE_CUDA for c in t.cases if not c.passed]
+    assert failing and any("device" in (c.message + (c.hint or "")) for c in failing)
+
+
+def test_the_meta_device_let_cpu_positions_through():
+    """Why the check moved off the meta device: the same code passes there."""
+    from autograder.execute import execute
+
+    cases = REFERENCES.cases("08_transformer", "TinyTransformer", grading_seed(), False)
+    ns = namespace_of("08_transformer", CPU_POSITIONS)
+    on_meta = [(execute(ns, c).error, c) for _, c in variants(cases, "meta")]
+    assert on_meta and all(e is None or e["type"] == c.expect_error for e, c in on_meta)
+    on_fake = [execute(ns, c).error for _, c in variants(cases, FAKE_CUDA)]
+    assert any(e and "DeviceMismatch" in e["type"] for e in on_fake)
+
+
+@pytest.mark.parametrize("src", [ZERO_DIM_SCALE, MOVES, VALUE_DEPENDENT])
+def test_right_code_keeps_the_device_row(src):
+    chapter = "05_masks" if "causal_mask" in src else "02_scaled_dot_product_attention"
+    exercise = "causal_mask" if "causal_mask" in src else "scaled_dot_product_attention"
+    cpu, device, e = _device_row(chapter, src, exercise)
+    assert cpu[0] == cpu[1] and device[0] == device[1], e["tests"]
+
+
+def test_a_value_dependent_op_runs_on_the_meta_device_and_says_so():
+    _, _, e = _device_row("05_masks", VALUE_DEPENDENT, "causal_mask")
+    notes = [c.note for t in e["tests"] if t.device == FAKE_CUDA for c in t.cases]
+    assert any("run on the meta device" in n for n in notes)
+
+
+def test_a_device_mismatch_is_never_sent_to_the_meta_device():
+    assert not needs_meta({"type": "FakeTensorDeviceMismatchError", "message": "data-dependent"})
+    assert needs_meta({"type": "DataDependentOutputException", "message": "aten._local_scalar_dense"})
+    assert not needs_meta({"type": "ValueError", "message": "num_heads must be a power of two"})
+
+
+def test_fake_cuda_keeps_cudas_rules():
+    with FakeCuda():
+        x = torch.randn(3, 4, device="cuda")
+        assert x.device.type == "cuda"
+        assert (x * torch.tensor(2.0)).device.type == "cuda"  # a 0-dim CPU scalar is fine
+        with pytest.raises(Exception, match="same device"):
+            x * torch.ones(4)
+        assert x.to("cpu").device.type == "cpu" and x.cpu().to("cuda").device.type == "cuda"
+
+
+def test_every_case_of_a_code_path_takes_its_representatives_verdict():
+    """One run per code path, but every case keeps its row (the scores' fractions do not move)."""
+    for chapter in CHAPTERS.values():
+        for ex in chapter.exercises:
+            cases = REFERENCES.cases(chapter.id, ex.name, grading_seed(), False)
+            groups = device_check_groups(cases)
+            run = {i for i, _ in variants(cases, FAKE_CUDA)}
+            assert run == set(groups.values())
+            assert all(code_path(cases[i]) == code_path(cases[rep]) for i, rep in groups.items())
+    e = grade_in("05_masks", namespace_of("05_masks", CPU_MASK_IN_CAUSAL))["causal_mask"]
+    device = next(t for t in e["tests"] if t.device == FAKE_CUDA)
+    cpu = next(t for t in e["tests"] if t.device == "cpu")
+    assert len(device.cases) == len(cpu.cases)
+    assert any("same code path" in c.note for c in device.cases)
