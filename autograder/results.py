@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 @dataclass
 class CaseResult:
     case: str
-    device: str          # "cpu", "cuda", "meta"
+    device: str          # "cpu", "cuda", "fake-cuda" (device_check), "meta"
     dtype: str
     passed: bool
     aspect: str = ""     # first failing aspect (see compare.Mismatch)

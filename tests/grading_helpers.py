@@ -27,7 +27,7 @@ def namespace_of(chapter: str, src: str = "") -> dict:
 
 def grade_in(chapter: str, ns: dict) -> dict:
     """exercise -> {"score", "max", "first" (first CPU failure or None), "notes", "tests",
-    and per device ("cpu", "meta"): (score, max)}."""
+    and per device ("cpu", "fake-cuda"): (score, max)}."""
     out = {}
     for t in GRADER.grade_namespace(CHAPTERS[chapter], ns):
         e = out.setdefault(t.exercise, {"score": 0.0, "max": 0.0, "first": None, "notes": [], "tests": []})

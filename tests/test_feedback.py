@@ -206,7 +206,7 @@ def test_meta_is_explained_once_in_each_report():
 
     result = _submission("alice", _test("softmax", "cpu", [True, True]), _test("softmax", "meta", [True, True]),
                          _test("attention_pool", "cpu", [True]), _test("attention_pool", "meta", [False]))
-    assert text.META_NOTE.startswith("meta: ") and "shapes but no values" in text.META_NOTE
+    assert text.META_NOTE.startswith("fake-cuda: ") and "as if on a GPU" in text.META_NOTE
     assert text.render(result).count(text.META_NOTE) == 1
     assert html.render(result).count("shapes but no values") == 1
     cpu_only = _submission("bob", _test("softmax", "cpu", [True]))

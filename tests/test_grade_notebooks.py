@@ -51,7 +51,7 @@ def test_cli_solutions_score_full_marks_with_json_and_html(tmp_path):
     answers = sum(ex.kind == "answer" for c in CHAPTERS.values() for ex in c.exercises)
     # a CPU and a device row per exercise, but one row for a written answer (a value, not code)
     assert len(data["tests"]) == 2 * sum(len(c.exercises) for c in CHAPTERS.values()) - answers
-    assert {t["extra_data"]["device"] for t in data["tests"]} <= {"cpu", "meta", "cuda"}
+    assert {t["extra_data"]["device"] for t in data["tests"]} <= {"cpu", "fake-cuda", "cuda"}
     assert "<html" in (tmp_path / "f.html").read_text()
 
 

@@ -48,5 +48,7 @@ def test_quick_cases_are_few_and_run_on_cpu_and_meta(chapter):
         for c in calls:
             assert execute(ref, c).error is None or c.expect_error, (ex.name, c.case)
             if not c.train:
-                meta = execute(ref, c.on("meta", "float32"))
-                assert meta.error is None or c.expect_error, (ex.name, c.case, meta.error)
+                for device in ("meta", "fake-cuda"):  # the device check, and its fallback
+                    meta = execute(ref, c.on(device, "float32"))
+                    assert meta.error is None or c.expect_error, (ex.name, c.case, device, meta.error)
+                    assert not meta.device_note, (ex.name, c.case, meta.device_note)

@@ -201,7 +201,7 @@ def test_the_memory_case_runs_on_the_cpu_only():
     capped = {i for i, c in enumerate(cases) if c.capped_memory}
     assert capped
     assert capped <= {i for i, _ in variants(cases, "cpu")}
-    meta = {i for i, _ in variants(cases, "meta")}
+    meta = {i for i, _ in variants(cases, "fake-cuda")}
     assert not capped & meta and meta  # the other cases keep their meta run
 
 

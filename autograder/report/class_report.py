@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
+from ..device_check import DEVICE_CHECKS
 from ..contract import CHAPTERS
 from ..results import SubmissionResult
 from ..untrusted_text import printable
@@ -223,7 +224,7 @@ def statistics_of(students: dict) -> dict:
             "totals": totals, "total_max": total_max, "exercises": exercises, "cases": dict(per_case),
             "hints": [{"chapter": c, "exercise": e, "hint": h, "students": [names[s][0] for s in v["students"]],
                        "count": len(v["students"]), "cases": v["cases"]} for (c, e, h), v in top],
-            "flags": flags, "meta": any(t.device == "meta" for r in results.values() for ch in r.chapters
+            "flags": flags, "meta": any(t.device in DEVICE_CHECKS for r in results.values() for ch in r.chapters
                                         for t in ch.tests)}
 
 

@@ -11,6 +11,7 @@ import html
 import io
 from pathlib import Path
 
+from ..device_check import DEVICE_CHECKS
 from ..results import SubmissionResult
 from ..untrusted_text import printable
 from .text import META_NOTE, plural, uses_meta
@@ -82,7 +83,7 @@ def render(result: SubmissionResult) -> str:
                 details.append("1 case passed" if len(t.cases) == 1 else f"all {len(t.cases)} cases passed")
             for note in sorted({c.note for c in t.cases if c.passed and c.note}):
                 details.append(f"<div class='note'>note: {e(note)}</div>")
-            device = "<a href='#meta'>meta</a>" if t.device == "meta" else e(t.device)
+            device = f"<a href='#meta'>{e(t.device)}</a>" if t.device in DEVICE_CHECKS else e(t.device)
             parts.append(f"<tr><td>{e(t.exercise)}</td><td>{device}</td>"
                          f"<td class='{cls}'>{t.score:.2f} / {t.max_score:.2f}</td><td>{''.join(details)}</td></tr>")
         parts.append("</table>")

@@ -6,14 +6,18 @@ line of the report (a "Total: 13 / 13" of theirs stays inside their message).
 """
 from __future__ import annotations
 
+from ..device_check import DEVICE_CHECKS
 from ..results import SubmissionResult, TestResult
 from ..untrusted_text import printable
 
 
-# What the "meta" device of the reports is (the README's words, "Scoring"); said once per report.
-META_NOTE = ("meta: the device-portability check where no GPU is present: the code runs again on "
-             "PyTorch's meta device, which has shapes but no values, to catch tensors created on a fixed "
-             "device; it carries 20% of each exercise's points (a written answer is not run there), "
+# What the device check of the reports is (the README's words, "Scoring"); said once per report.
+META_NOTE = ("fake-cuda: the device check: your code run as if on a GPU where no GPU is present "
+             "(PyTorch's fake tensors on a simulated CUDA device: shapes, dtypes and devices but no values), "
+             "to catch tensors created on a fixed device, such as a CPU tensor meeting a CUDA one; it runs "
+             "one case of each code path (no mask, a boolean mask, a float mask, ...) and gives its result "
+             "to the others; an op that needs values runs on PyTorch's meta device instead, and the case "
+             "says so. It carries 20% of each exercise's points (a written answer is not run there), "
              "credited only for cases correct on the CPU.")
 
 
@@ -23,7 +27,7 @@ def plural(n: int, word: str) -> str:
 
 
 def uses_meta(result: SubmissionResult) -> bool:
-    return any(t.device == "meta" for ch in result.chapters for t in ch.tests)
+    return any(t.device in DEVICE_CHECKS for ch in result.chapters for t in ch.tests)
 
 
 def _pts(x: float) -> str:
