@@ -9,8 +9,9 @@ fails on a GPU passed there (an ALiBi whose slopes are made on the CPU, position
 
 What fake CUDA lacks in a CPU-only build of torch is handled here:
 - a move to CUDA (`x.to("cuda")`, `.cuda()`, `copy_` across devices, `torch.as_tensor(...,
-  device=)`, `new_tensor`) passes through CUDA's device guard, which a CPU build does not link:
-  `_DeviceMoves` rewrites them to `aten._to_copy`, which fake tensors implement;
+  device=)`, `new_tensor`) and `~mask` pass through CUDA's device guard in torch's C++ Tensor
+  methods, which a CPU build does not link: `_DeviceMoves` rewrites them to the ops fake
+  tensors implement (`aten._to_copy`, `bitwise_not`);
 - an op whose result depends on values (`.item()`, `if mask.any():`, `nonzero`) cannot run
   without values: such a call is run again on the meta device (`needs_meta`), and the report
   says so (Outcome.device_note).
@@ -99,13 +100,40 @@ def _new_tensor(self, data, dtype=None, device=None, requires_grad=False, **_):
     return t.requires_grad_(requires_grad)
 
 
+def _on_cpu(x):
+    """x with every fake CUDA tensor in it (an index, a value) moved to the CPU."""
+    if isinstance(x, torch.Tensor):
+        return _move(x, "cpu") if x.device.type == "cuda" else x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_on_cpu(v) for v in x)
+    return x
+
+
+def _getitem(self, index):
+    # Indexing a CUDA tensor with CPU or CUDA indices is allowed on a GPU; its result is on
+    # the tensor's device. Done on the CPU here (the C++ method takes a device guard).
+    if self.device.type != "cuda":
+        return torch.Tensor.__getitem__(self, index)
+    return _move(torch.Tensor.__getitem__(_on_cpu(self), _on_cpu(index)), self.device)
+
+
+def _setitem(self, index, value):
+    if self.device.type != "cuda":
+        return torch.Tensor.__setitem__(self, index, value)
+    # (fake tensors hold no values: only the shapes are checked, on a CPU twin)
+    torch.Tensor.__setitem__(_on_cpu(self), _on_cpu(index), _on_cpu(value))
+
+
 _MOVES = {
+    torch.Tensor.__getitem__: _getitem,
+    torch.Tensor.__setitem__: _setitem,
     torch.Tensor.to: _to,
     torch.Tensor.cuda: lambda self, device=None, non_blocking=False, **_: _move(self, device or "cuda"),
     torch.Tensor.cpu: lambda self, **_: _move(self, "cpu"),
     torch.Tensor.copy_: _copy_,
     torch.as_tensor: _as_tensor,
     torch.Tensor.new_tensor: _new_tensor,
+    torch.Tensor.__invert__: lambda self: torch.bitwise_not(self),  # (`~mask` takes a device guard)
 }
 
 

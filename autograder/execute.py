@@ -374,7 +374,10 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
         out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
         persistent = module.state_dict(keep_vars=True)
         out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
-        module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
+        if call.device == FAKE_CUDA:  # (Module.to cannot swap fake parameters: device_check.move_module)
+            move_module(module, None, dtype)
+        else:
+            module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
         if call.state is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
             own = module.state_dict()
