@@ -342,7 +342,8 @@ def _same_path(cases: list[Call], index: int, result: CaseResult, name: str, cpu
         if rep == index and member != index:
             c = cases[member]
             twin = dataclasses.replace(result, case=c.case, used=list(result.used), figure=None)
-            twin.note = f"same code path as \"{name}\", whose device check this is"
+            if not twin.passed:  # (a pass says nothing: the path passed)
+                twin.message += f" (the device check of case \"{name}\", which takes the same code path)"
             _credit_cpu_only(result.device, twin, cpu_passed.get(member, True))
             out.append(twin)
     return out
