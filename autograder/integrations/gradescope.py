@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
 import traceback
 import zipfile
@@ -106,6 +108,33 @@ def _reference_outcomes(chapters: list[str] | None) -> tuple[str, bytes]:
     return name, wire.encode(references.export(seed, False))
 
 
+def copy_without_links(src: Path, dst: Path) -> list[str]:
+    """Copy the submission folder: regular files by content, each opened without following a
+    link or blocking; a symbolic link copied as the link itself (the grader then refuses it,
+    saying why), never what it points to; anything else (a pipe, a device) left out, with a note."""
+    from ..notebook import read_submission_file
+
+    notes: list[str] = []
+    dst.mkdir(mode=0o700)
+    for folder, dirs, files in os.walk(src):  # (os.walk does not enter linked folders)
+        here = dst / os.path.relpath(folder, src)
+        for name in dirs + files:
+            path, target = Path(folder) / name, here / name
+            try:
+                mode = os.lstat(path).st_mode
+                if stat.S_ISLNK(mode):
+                    os.symlink(os.readlink(path), target)
+                elif stat.S_ISDIR(mode):
+                    target.mkdir(mode=0o700)
+                elif stat.S_ISREG(mode):
+                    target.write_bytes(read_submission_file(path, 1 << 30))
+                else:
+                    notes.append(f"{path.relative_to(src)}: not a regular file; left out.")
+            except (OSError, ValueError) as e:
+                notes.append(f"{path.relative_to(src)}: could not be read ({e}); left out.")
+    return notes
+
+
 def run(root, chapters: list[str] | None = None) -> dict:
     """Grade <root>/submission into <root>/results/results.json; always writes a results file."""
     from ..grading import REFERENCES, Grader
@@ -118,8 +147,12 @@ def run(root, chapters: list[str] | None = None) -> dict:
     start = time.perf_counter()
     try:
         grader = Grader()
-        with persisted(REFERENCES, grader.seed, grader.quick):
-            result = grader.grade_path(root / "submission", chapters=chapters or None)
+        with persisted(REFERENCES, grader.seed, grader.quick), \
+                tempfile.TemporaryDirectory(prefix="autograder-submission-") as tmp:
+            copy = Path(tmp) / "submission"
+            skipped = copy_without_links(root / "submission", copy)
+            result = grader.grade_path(copy, chapters=chapters or None)
+            result.notes[:0] = skipped
         data = gradescope.results_json(result)
     except Exception:  # the results file is written whatever happens
         data = {"score": 0.0, "execution_time": round(time.perf_counter() - start, 2),
