@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import os
-    if args.command == "batch" and args.jobs > 1:
+    if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
         from . import forkserver
         forkserver.context()  # its imports run while this process imports torch below
     if args.sandbox:
@@ -231,6 +231,7 @@ def _run(args, grader, sandboxes, references) -> int:
             print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
             return 2
         from .report.text import plural
+        from .untrusted_text import printable
         try:
             results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
                                   chapters=args.chapters, progress=not args.no_progress, shard=args.shard,
@@ -238,14 +239,15 @@ def _run(args, grader, sandboxes, references) -> int:
         except ValueError as e:  # (--only: a name that is no student folder, a CSV of other columns)
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
-        if not any(ch.notebook for r in results.values() for ch in r.chapters):
+        if not any(ch.notebook for r in results.values() for ch in r.chapters):  # (nothing was written)
             print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
-                  "(an LMS download? `python -m autograder import` makes one folder per student)", file=sys.stderr)
+                  "(an LMS download? `python -m autograder import` makes one folder per student); "
+                  f"{args.csv} was not written", file=sys.stderr)
             return 2
+        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
         failed = sorted(name for name, r in results.items() if r.error)
         if failed:
-            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(failed[:10])} "
+            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(printable(f) for f in failed[:10])} "
                   "(`error` in the CSV; grade them again)", file=sys.stderr)
             return 4
         return 0
