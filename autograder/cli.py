@@ -41,7 +41,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=["auto", "bubblewrap", "container", "none"], default=None,
                    help="how student code is isolated (default: $AUTOGRADER_SANDBOX or auto: bubblewrap, "
                         "else, as root in a container without namespaces, a uid per student)")
-    p.add_argument("--seed", type=int, default=None, help="input seed (default: $AUTOGRADER_SEED or built in)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the course's secret input seed (default: $AUTOGRADER_SEED; `grade` alone falls back to "
+                        "the public built-in one, `batch` refuses to: see `new-seed`)")
 
 
 def _names(text: str) -> list[str]:
@@ -113,8 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("output", type=Path, nargs="?", default=Path("autograder.zip"))
     z.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
                    help="chapters the assignment grades (missing notebooks score zero)")
+    z.add_argument("--seed", type=int, default=None,
+                   help="the course's secret input seed (default: $AUTOGRADER_SEED, else a new random one, "
+                        "stored in the zip)")
 
     sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
+    sub.add_parser("new-seed", help="print a fresh random course seed (for --seed / $AUTOGRADER_SEED)")
 
     from . import lms_import  # (light: the standard library and the contract, no torch)
     i = sub.add_parser("import", help="import a Canvas, Moodle or Gradescope submissions download (one folder "
@@ -130,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         from .selfcheck import DATA, write_fixtures
         write_fixtures()
         print(f"wrote {DATA}")
+        return 0
+    if args.command == "new-seed":
+        from .inputs import new_seed
+        print(new_seed())
         return 0
     if args.command == "import":
         from .lms_import import run
@@ -153,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "gradescope-zip":
         from .integrations.gradescope import build_zip
-        build_zip(args.output, chapters=args.chapters)
+        build_zip(args.output, chapters=args.chapters, seed=args.seed)
         print(f"wrote {args.output}")
         return 0
 
@@ -183,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(sandboxes.close)
         sandboxes.prestart()
     from .grading import Grader
+    from .inputs import PublicSeed, course_seed
     try:
-        grader = Grader(device=args.device, seed=args.seed, sandbox=args.sandbox or "auto")
+        seed = course_seed(args.seed) if args.command == "batch" else args.seed
+        grader = Grader(device=args.device, seed=seed, sandbox=args.sandbox or "auto")
+    except PublicSeed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
