@@ -692,6 +692,9 @@ class Child:
         self.wait(self.limits.kill_wait)
         _close_pipes(self)
         if self.lease is not None:
+            from .uid_cleanup import clean_up
+
+            clean_up(self.lease.uid)  # its files in /tmp, /var/tmp, /dev/shm, its keyrings
             self.lease.release()
             self.lease = None
 
