@@ -246,7 +246,7 @@ def test_a_run_killed_half_way_loses_nothing_and_is_resumed(tmp_path):
     for name in names:
         _copy(CH5, klass / name)
     grades = tmp_path / "grades.csv"
-    grades.write_text("old,file\r\n")
+    grades.write_bytes(b"old,file\r\n")
     journal = tmp_path / "grades.csv.journal"
     proc = subprocess.Popen([sys.executable, "-m", "autograder", "batch", str(klass), "--jobs", "1",
                              "--no-progress", "--device", "cpu", "--csv", str(grades), "--out",
@@ -260,7 +260,7 @@ def test_a_run_killed_half_way_loses_nothing_and_is_resumed(tmp_path):
         time.sleep(0.1)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "killed half-way"
-    assert grades.read_text() == "old,file\r\n"  # the CSV is written whole or not at all
+    assert grades.read_bytes() == b"old,file\r\n"  # the CSV is written whole or not at all
     graded = [json.loads(line)["student"] for line in journal.read_text().splitlines()[1:]]
     assert len(graded) >= 2
     for name in graded:
