@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import shutil
 import time
@@ -14,10 +15,11 @@ from . import forkserver
 from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
 from .report import class_report, gradebook, gradescope, html
+from .report.spreadsheet import safe_cell
 from .report.text import plural
 from .results import ChapterResult, SubmissionResult
 from .sandbox import SandboxMode, SandboxPool, choose_mode
-from .untrusted_text import printable
+from .untrusted_text import capped, printable
 
 
 def student_folders(class_dir: Path) -> list[Path]:
@@ -186,16 +188,24 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
 
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True,
-                shard: tuple[int, int] | None = None, only: list[str] | None = None
-                ) -> dict[str, SubmissionResult]:
+                shard: tuple[int, int] | None = None, only: list[str] | None = None,
+                in_process: bool = False) -> dict[str, SubmissionResult]:
     """Grade every student folder (with `shard` (K, N): those of shard K of N, `shard_of`; with
     `only`: those folders alone, whose rows replace theirs in an existing CSV), up to `jobs`
     students at once. A student is the unit of work: their chapters run one after another in
     one sandbox of their own, whose warm worker imports torch once and forks a fresh child per
-    chapter. A worker process that dies is replaced and its students graded again
-    (`_run_all`); a student whose grading cannot finish gets `SubmissionResult.error`. With
-    `out_dir`, each student's reports and saved results go to out_dir/<student>/, and the class
-    report (`report.class_report`) is rebuilt from every student saved there."""
+    chapter, in a worker process that a watchdog here kills when the student takes longer than
+    their budget plus a margin (`error`). A worker process that dies is replaced and its
+    students graded again (`_run_all`); a student whose grading cannot finish gets
+    `SubmissionResult.error`.
+
+    Nothing is lost (`Journal`): each student's result goes to CSV_PATH.journal, and with
+    `out_dir` their reports and saved results to out_dir/<student>/, as soon as they are graded;
+    a run that stops half-way is resumed from the journal by the next run with the same CSV.
+    The CSV (every cell `report.spreadsheet.safe_cell`) and the class report are written at the
+    end, whole or not at all (`atomic`), keeping the rows of students this run did not grade; a
+    run with nothing gradable writes nothing. `in_process`: grade in this process, without the
+    watchdog (tests)."""
     class_dir = Path(class_dir)
     start = time.perf_counter()
     folders = student_folders(class_dir)
@@ -221,109 +231,286 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
             plans[folder.name] = grader.plan(folder, chapters)
         except Exception as e:  # never lose the rest of the class to one submission
             r = SubmissionResult(str(folder))
-            r.notes.append(f"internal grader error ({type(e).__name__}: {e})")
+            r.notes.append(capped(f"internal grader error ({type(e).__name__}: {e})"))
             plans[folder.name] = (r, [])
+    if not any(nb is not None for _, todo in plans.values() for _, nb in todo):
+        return {name: Grader.assemble(r, [], 0.0) for name, (r, _) in sorted(plans.items())}  # writes nothing
+
+    from .journal import Journal, fingerprint
+
+    journal = Journal(Path(csv_path).with_name(Path(csv_path).name + ".journal") if csv_path and not only else None,
+                      chapters, grader.seed, grader.devices)
+    prints = {name: fingerprint(todo) for name, (_, todo) in plans.items()}
+    earlier = journal.resume(prints)
+    if earlier and progress:
+        print(f"resuming an interrupted run: {plural(len(earlier), 'student')} already graded "
+              f"({journal.path}; delete it to grade everyone again)")
     results: dict[str, SubmissionResult] = {}
     bar = tqdm(total=len(plans), desc="grading", unit="student", disable=not progress)
-    work = {}
-    for name, (result, todo) in plans.items():
-        if todo:
-            work[name] = todo
-        else:
-            results[name] = Grader.assemble(result, [], 0.0)
-            bar.update()
 
-    def done(name: str, chapter_results: list) -> None:
+    def done(name: str, chapter_results: list, identical=None) -> None:
         result, todo = plans[name]
-        results[name] = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
+        results[name] = r = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
+        identical = list(identical or [])
+        journal.add(name, prints[name], r, identical)
+        if out_dir:
+            _write_reports(Path(out_dir), name, r, class_dir, identical)
         bar.set_postfix_str(printable(name))  # (a folder's name is the student's text)
         bar.update()
 
-    _run_all(grader, work, jobs, chapters, done)
-    bar.close()
-    if out_dir:
-        out = Path(out_dir)
-        for name, r in results.items():
-            gradescope.write(r, out / name / "results.json")
-            html.write(r, out / name / "feedback.html")
-            class_report.save(out, name, r, class_dir, class_report.identical_to_solutions(plans[name][1]))
-    if csv_path:
-        if only and Path(csv_path).is_file():
-            update_csv(results, csv_path, class_dir)
+    work = {}
+    for name, (result, todo) in plans.items():
+        if name in earlier:  # (its reports were written by the run that graded it)
+            prior, _identical_flags = earlier[name]
+            results[name] = Grader.assemble(result, prior.chapters, prior.seconds)
+            bar.update()
+        elif any(nb is not None for _, nb in todo):
+            work[name] = todo
         else:
-            write_csv(results, csv_path, class_dir)
+            done(name, [grader.grade_planned(c, None) for c, _ in todo])
+
+    if in_process:
+        for name, todo in work.items():
+            try:
+                chapter_results = _grade_student(grader, todo)
+            except Exception as e:
+                chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in todo]
+            done(name, chapter_results, _identical(todo))
+    else:
+        _run_all(grader, work, jobs, chapters, done)
+    bar.close()
+    kept = []
+    if csv_path:
+        kept = write_csv(results, csv_path, class_dir, keep_others=not only, only=bool(only))
+        if kept and progress:
+            print(f"kept the rows of {plural(len(kept), 'student')} this run did not grade: "
+                  f"{', '.join(printable(k) for k in kept[:10])}{' ...' if len(kept) > 10 else ''}")
     if out_dir:
         page = class_report.write(out_dir)
         if progress:
             print(f"wrote the class report {page}")
+    journal.finish()
     if progress:
         print(f"graded {plural(len(results), 'submission')} in {time.perf_counter() - start:.1f} s with --jobs {jobs}")
     return dict(sorted(results.items()))
 
 
+def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identical) -> None:
+    """out/<student>/: results.json, feedback.html and grading.json (the class report's), each
+    written whole (`atomic`) as soon as the student is graded."""
+    import json
+
+    from . import atomic
+
+    atomic.write_text(out / name / "results.json", json.dumps(gradescope.results_json(r), indent=2))
+    atomic.write_text(out / name / "feedback.html", html.render(r))
+    class_report.save(out, name, r, class_dir, identical)
+
+
+def _identical(todo) -> list:
+    """The identical-to-solution flags, where the student's notebooks are parsed (the worker)."""
+    try:
+        return class_report.identical_to_solutions(todo)
+    except Exception:
+        return []
+
+
 MAX_ROUNDS = 3  # times a student is graded again after a worker process died under them
+MAX_RESULT_BYTES = 4 << 20  # one student's result as the worker hands it back (JSON)
+
+
+def watchdog_seconds(grader: Grader) -> float:
+    """How long a worker may spend on one student before the batch kills it: the student's
+    budget (their cells and calls) plus a margin for what the budget does not count (start-up,
+    reference outcomes, comparisons, the static check, reports)."""
+    from .sandbox import Limits
+
+    limits = grader.limits or Limits.from_env()
+    return limits.student_budget + limits.watchdog_margin
+
+
+def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
+    """In a worker: one student graded (`_grade_student`, then the identical-code flag, so that
+    every parse of their code happens here, under the watchdog), the result written to
+    spool/key.json (capped: `_shrunk`). Returns the key alone: a worker that dies while handing
+    back a large result would leave the pool's reader waiting for the rest."""
+    import json
+
+    from . import atomic
+
+    atomic.write_text(os.path.join(spool, key + ".pid"), str(os.getpid()))
+    try:
+        chapters = _grade_student(grader, todo)
+    except Exception as e:
+        chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
+    data = {"chapters": [_capped_plain(SubmissionResult("", [c]).to_plain()["chapters"][0]) for c in chapters],
+            "identical": _identical(todo)}
+    atomic.write_text(os.path.join(spool, key + ".json"), _shrunk(data))
+    return key
+
+
+def _capped_plain(x):
+    """Every string of a result capped (`untrusted_text.capped`): messages, notes and outputs
+    hold what the student's code printed or named."""
+    if isinstance(x, str):
+        return capped(x)
+    if isinstance(x, dict):
+        return {k: _capped_plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_capped_plain(v) for v in x]
+    return x
+
+
+def _shrunk(data: dict) -> str:
+    """The result as JSON within MAX_RESULT_BYTES: without figures and outputs if need be, then
+    with every message cut short, then without case details at all (scores kept)."""
+    import json
+
+    text = json.dumps(data)
+    steps = [("figure", None), ("output", ""), ("message", None), ("cases", [])]
+    for field, value in steps:
+        if len(text) <= MAX_RESULT_BYTES:
+            break
+        for ch in data["chapters"]:
+            if field == "output":
+                ch["output"] = "(left out: this student's results were too large)"
+            for t in ch["tests"]:
+                if field == "cases":
+                    t["cases"] = []
+                    t["note"] = capped(t["note"], 200)
+                for c in t["cases"]:
+                    if field == "figure":
+                        c["figure"] = None
+                    elif field == "message":
+                        c["message"], c["hint"] = capped(c["message"], 200), capped(c["hint"], 200)
+            if field == "message":
+                ch["notes"] = [capped(n, 200) for n in ch["notes"][:20]]
+        text = json.dumps(data)
+    return text
+
+
+def _read_result(spool: str, key: str, todo: list, grader: Grader) -> tuple[list, list]:
+    """(chapter results, identical flags) a worker left in spool/key.json."""
+    import json
+
+    path = os.path.join(spool, key + ".json")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_RESULT_BYTES + 1)
+    if len(raw) > MAX_RESULT_BYTES:
+        raise ValueError("the student's result is larger than the batch accepts")
+    data = json.loads(raw)
+    chapters = SubmissionResult.from_plain({"path": "", "chapters": data["chapters"]}).chapters
+    return chapters, [list(x) for x in data.get("identical", [])]
 
 
 def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
-    """Grade every student of `work` (name -> plan), calling `done(name, chapter_results)` for
-    each. A worker process that dies breaks its whole pool (every student still pending in it
-    fails with BrokenProcessPool, whoever killed it): the pool is replaced and the students it
-    had not finished are graded again. From the second round on they are graded one at a time
-    in a worker of their own, so a student who kills their worker again costs no one else; after
-    MAX_ROUNDS such rounds, a student's chapters are grader errors (`error` in the CSV)."""
+    """Grade every student of `work` (name -> plan), calling `done(name, chapter_results,
+    identical)` for each, in worker processes. A worker process that dies breaks its whole pool
+    (every student still pending in it fails with BrokenProcessPool, whoever killed it): the
+    pool is replaced and the students it had not finished are graded again. From the second
+    round on they are graded one at a time in a worker of their own, so a student who kills
+    their worker again costs no one else; after MAX_ROUNDS such rounds, a student's chapters are
+    grader errors (`error` in the CSV). A student whose worker is still at it `watchdog_seconds`
+    after starting them is killed there and is an error at once (not graded again)."""
+    import signal
+    import tempfile
+    from concurrent.futures import FIRST_COMPLETED, wait
     from concurrent.futures.process import BrokenProcessPool
 
+    limit = watchdog_seconds(grader)
+    keys = {name: f"s{i}" for i, name in enumerate(work)}
     pending, rounds = dict(work), 0
-    while pending:
-        solo = rounds > 0
-        batches = [[name] for name in pending] if solo else [list(pending)]
-        failed: dict[str, BaseException] = {}
-        for names in batches:
-            size = 1 if solo else jobs
-            pool = _worker_pool(grader, size, chapters) if size > 1 or solo and jobs > 1 \
-                else ThreadPoolExecutor(max_workers=1)
-            with pool:
-                futures = {pool.submit(_grade_student, grader, pending[n]): n for n in names}
-                for fut in as_completed(futures):
-                    name = futures[fut]
-                    try:
-                        chapter_results = fut.result()
-                    except BrokenProcessPool as e:  # a worker died: graded again, below
-                        failed[name] = e
-                        continue
-                    except Exception as e:  # the grader failed on this student: their error
-                        chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in pending[name]]
-                    done(name, chapter_results)
-        rounds += 1
-        pending = {n: pending[n] for n in failed}
-        if rounds >= MAX_ROUNDS:
-            for name, e in failed.items():
-                why = RuntimeError(f"the grading worker died {rounds} times while grading this student ({e})")
-                done(name, [grader.failed_chapter(c, nb, why) for c, nb in pending[name]])
-            return
+    with tempfile.TemporaryDirectory(prefix="autograder-batch-") as spool:
+        while pending:
+            solo = rounds > 0
+            batches = [[name] for name in pending] if solo else [list(pending)]
+            failed: dict[str, BaseException] = {}
+            for names in batches:
+                pool = _worker_pool(grader, 1 if solo else jobs, chapters)
+                killed: dict[str, str] = {}
+                started: dict[str, float] = {}
+                with pool:
+                    futures = {pool.submit(_grade_student_to, grader, pending[n], spool, keys[n]): n
+                               for n in names}
+                    waiting = set(futures)
+                    while waiting:
+                        finished, waiting = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            name = futures[fut]
+                            todo = pending[name]
+                            try:
+                                fut.result()
+                                chapter_results, identical = _read_result(spool, keys[name], todo, grader)
+                            except BrokenProcessPool as e:  # a worker died: graded again, below
+                                if name in killed:
+                                    why = RuntimeError(killed[name])
+                                    done(name, [grader.failed_chapter(c, nb, why) for c, nb in todo])
+                                else:
+                                    failed[name] = e
+                                continue
+                            except Exception as e:  # the grader failed on this student: their error
+                                chapter_results, identical = [grader.failed_chapter(c, nb, e) for c, nb in todo], []
+                            done(name, chapter_results, identical)
+                        now = time.monotonic()
+                        for fut in waiting:  # the watchdog
+                            name = futures[fut]
+                            pidfile = os.path.join(spool, keys[name] + ".pid")
+                            if name not in started and os.path.exists(pidfile):
+                                started[name] = now
+                            if name in started and name not in killed and now - started[name] > limit:
+                                try:
+                                    with open(pidfile) as f:
+                                        os.kill(int(f.read()), signal.SIGKILL)
+                                except (OSError, ValueError):
+                                    continue
+                                killed[name] = (f"grading this student took longer than {limit:g} s (the "
+                                                "student's time budget plus a margin): stopped")
+            rounds += 1
+            pending = {n: pending[n] for n in failed}
+            if rounds >= MAX_ROUNDS:
+                for name, e in failed.items():
+                    why = RuntimeError(f"the grading worker died {rounds} times while grading this student ({e})")
+                    done(name, [grader.failed_chapter(c, nb, why) for c, nb in pending[name]])
+                return
 
 
-def write_csv(results: dict[str, SubmissionResult], path, class_dir=None) -> None:
+def _cells(rows: list[list]) -> list[list[str]]:
+    """Every cell of the gradebook as written: student text shown (`printable`) and never a
+    spreadsheet formula (`spreadsheet.safe_cell`)."""
+    return [[safe_cell(printable(str(c))) for c in row] for row in rows]
+
+
+def write_csv(results: dict[str, SubmissionResult], path, class_dir=None, keep_others: bool = False,
+              only: bool = False) -> list[str]:
     """The gradebook CSV (`report.gradebook`: Canvas's import format, documented in the README),
-    every cell through `untrusted_text.printable`: names, notes and file names are the students'."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows([printable(str(c)) for c in row] for row in gradebook.rows(results, class_dir))
+    written whole or not at all (`atomic`). An existing CSV is never shortened by a run that did
+    not regrade its rows: with `keep_others` (or `only`) the rows of students not in `results`
+    are kept (by the ID column). ValueError, writing nothing, where such rows exist under other
+    columns (another class's or other chapters' CSV). Returns the names in the kept rows."""
+    from . import atomic
+
+    new = _cells(gradebook.rows(results, class_dir))
+    old = []
+    if (keep_others or only) and Path(path).is_file():
+        with open(path, newline="", encoding="utf-8") as f:
+            old = list(csv.reader(f))
+    ids = {row[1] for row in new[2:]}
+    others = [row for row in old[2:] if len(row) >= 2 and row[1] not in ids]
+    if others and old[:2] != new[:2]:
+        raise ValueError(f"{path} holds {plural(len(others), 'student')} this run did not grade, under other "
+                         "columns (other chapters or another class): it is left as it was; write this run's "
+                         "grades to another --csv, or regrade with the class's --chapters")
+    out = io.StringIO()
+    csv.writer(out).writerows(new[:2] + sorted(new[2:] + others, key=gradebook.row_key))
+    atomic.write_text(path, out.getvalue())
+    return [row[0] for row in others]
 
 
 def update_csv(results: dict[str, SubmissionResult], path, class_dir=None) -> None:
     """Replace these students' rows (by the ID column) in an existing gradebook CSV, or add
     them, keeping every other row: regrading a few students (`batch --only`). ValueError if the
     CSV's columns differ from theirs (it was graded out of other chapters)."""
-    new = [[printable(str(c)) for c in row] for row in gradebook.rows(results, class_dir)]
-    with open(path, newline="", encoding="utf-8") as f:
-        old = list(csv.reader(f))
-    if old[:2] != new[:2]:
-        raise ValueError(f"{path}: its columns differ from this grading's (regrade with the class's --chapters)")
-    ids = {row[1] for row in new[2:]}
-    rows = [row for row in old[2:] if len(row) < 2 or row[1] not in ids] + new[2:]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f).writerows(new[:2] + sorted(rows, key=gradebook.row_key))
+    write_csv(results, path, class_dir, only=True)
 
 
 def merge_csvs(paths: list, out) -> int:
@@ -348,12 +535,14 @@ def merge_csvs(paths: list, out) -> int:
             if key in rows:
                 raise ValueError(f"{path}: student {row[0]!r} ({row[1] if len(row) > 1 else ''}) is in two shards")
             rows[key] = row
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerows(header)
-        for name in sorted(rows):
-            w.writerow(rows[name])
+    from . import atomic
+
+    text = io.StringIO()
+    w = csv.writer(text)
+    w.writerows(header)
+    for name in sorted(rows):
+        w.writerow(rows[name])
+    atomic.write_text(out, text.getvalue())
     return len(rows)
 
 

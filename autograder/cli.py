@@ -41,7 +41,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=["auto", "bubblewrap", "container", "none"], default=None,
                    help="how student code is isolated (default: $AUTOGRADER_SANDBOX or auto: bubblewrap, "
                         "else, as root in a container without namespaces, a uid per student)")
-    p.add_argument("--seed", type=int, default=None, help="input seed (default: $AUTOGRADER_SEED or built in)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the course's secret input seed (default: $AUTOGRADER_SEED; `grade` alone falls back to "
+                        "the public built-in one, `batch` refuses to: see `new-seed`)")
 
 
 def _names(text: str) -> list[str]:
@@ -113,8 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("output", type=Path, nargs="?", default=Path("autograder.zip"))
     z.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
                    help="chapters the assignment grades (missing notebooks score zero)")
+    z.add_argument("--seed", type=int, default=None,
+                   help="the course's secret input seed (default: $AUTOGRADER_SEED, else a new random one, "
+                        "stored in the zip)")
 
     sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
+    sub.add_parser("new-seed", help="print a fresh random course seed (for --seed / $AUTOGRADER_SEED)")
 
     from . import lms_import  # (light: the standard library and the contract, no torch)
     i = sub.add_parser("import", help="import a Canvas, Moodle or Gradescope submissions download (one folder "
@@ -130,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         from .selfcheck import DATA, write_fixtures
         write_fixtures()
         print(f"wrote {DATA}")
+        return 0
+    if args.command == "new-seed":
+        from .inputs import new_seed
+        print(new_seed())
         return 0
     if args.command == "import":
         from .lms_import import run
@@ -153,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "gradescope-zip":
         from .integrations.gradescope import build_zip
-        build_zip(args.output, chapters=args.chapters)
+        build_zip(args.output, chapters=args.chapters, seed=args.seed)
         print(f"wrote {args.output}")
         return 0
 
     import os
-    if args.command == "batch" and args.jobs > 1:
+    if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
         from . import forkserver
         forkserver.context()  # its imports run while this process imports torch below
     if args.sandbox:
@@ -183,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         atexit.register(sandboxes.close)
         sandboxes.prestart()
     from .grading import Grader
+    from .inputs import PublicSeed, course_seed
     try:
-        grader = Grader(device=args.device, seed=args.seed, sandbox=args.sandbox or "auto")
+        seed = course_seed(args.seed) if args.command == "batch" else args.seed
+        grader = Grader(device=args.device, seed=seed, sandbox=args.sandbox or "auto")
+    except PublicSeed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -231,6 +246,7 @@ def _run(args, grader, sandboxes, references) -> int:
             print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
             return 2
         from .report.text import plural
+        from .untrusted_text import printable
         try:
             results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
                                   chapters=args.chapters, progress=not args.no_progress, shard=args.shard,
@@ -238,14 +254,15 @@ def _run(args, grader, sandboxes, references) -> int:
         except ValueError as e:  # (--only: a name that is no student folder, a CSV of other columns)
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
-        if not any(ch.notebook for r in results.values() for ch in r.chapters):
+        if not any(ch.notebook for r in results.values() for ch in r.chapters):  # (nothing was written)
             print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
-                  "(an LMS download? `python -m autograder import` makes one folder per student)", file=sys.stderr)
+                  "(an LMS download? `python -m autograder import` makes one folder per student); "
+                  f"{args.csv} was not written", file=sys.stderr)
             return 2
+        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
         failed = sorted(name for name, r in results.items() if r.error)
         if failed:
-            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(failed[:10])} "
+            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(printable(f) for f in failed[:10])} "
                   "(`error` in the CSV; grade them again)", file=sys.stderr)
             return 4
         return 0

@@ -36,6 +36,7 @@ from .inputs import grading_seed
 from .references import load_reference
 from .results import CaseResult, ChapterResult, SubmissionResult, TestResult
 from .sandbox import SandboxMode
+from .untrusted_text import capped
 
 CPU_SHARE = 0.8
 HALF_DTYPES = ("float16", "bfloat16")
@@ -417,8 +418,8 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             if m is None and device == "cpu":
                 m = _static_inplace(static, notebook, c)
             result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note, used=student.called)
-            if m:
-                result.aspect, result.message, result.hint = m.aspect, m.message, m.hint
+            if m:  # (capped: a message can list what the student's code holds, e.g. its names)
+                result.aspect, result.message, result.hint = m.aspect, capped(m.message), capped(m.hint)
                 result.not_implemented = m.not_implemented
                 result.figure = _figure(c, student, expected, m)
                 if m.aspect in STOPPING_ASPECTS:
@@ -589,12 +590,21 @@ class Grader:
     # -- a file or folder -----------------------------------------------------------------------
     def find_notebooks(self, path: Path) -> tuple[dict, list]:
         """Chapter id -> notebook for a file or folder, and notes on what was skipped."""
+        from .notebook import submission_problem
+
         notes, found = [], {}
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*.ipynb")
-                                                     if ".ipynb_checkpoints" not in p.parts)
+        if path.is_dir() and path.is_symlink():  # (nothing in a linked submission folder is read)
+            return {}, [f"{path.name} is a symbolic link, not a folder of the submission; refused."]
+        files = [path] if not path.is_dir() else sorted(p for p in path.rglob("*.ipynb")
+                                                        if ".ipynb_checkpoints" not in p.parts)
         for f in files:
             ch = chapter_for_filename(f.name)
-            if ch is None:
+            # A regular file inside the submission only: a link (to the solutions, to a
+            # classmate's notebook, to a pipe that never ends) is refused, with the reason.
+            why = submission_problem(f, None if f is path else path)
+            if why and ch is not None:
+                notes.append(why)
+            elif ch is None:
                 notes.append(f"{f.name}: not a chapter notebook (expected a name like "
                              f"02_scaled_dot_product_attention.ipynb); skipped.")
             elif ch.id in found:

@@ -11,10 +11,38 @@ import os
 import torch
 
 SELF_CHECK_SEED = 1234
+DEFAULT_SEED = 20261121  # public (it is in the package): `grade` on one's own machine only
+
+
+class PublicSeed(ValueError):
+    """A graded deployment without a course seed of its own (`course_seed`)."""
 
 
 def grading_seed() -> int:
-    return int(os.environ.get("AUTOGRADER_SEED", "20261121"))
+    return int(os.environ.get("AUTOGRADER_SEED", str(DEFAULT_SEED)))
+
+
+def new_seed() -> int:
+    """A fresh course seed: random, kept with the instructor's data (never in the package)."""
+    import secrets
+
+    return secrets.randbelow(2**61 - 2) + 1
+
+
+def course_seed(explicit: int | None = None) -> int:
+    """The seed of a graded deployment (batch, the Gradescope bundle, nbgrader): `explicit`
+    (--seed, a course config), else $AUTOGRADER_SEED. The built-in DEFAULT_SEED is refused:
+    anyone with the package could compute every hidden input from it (and, with the solutions,
+    every expected output). $AUTOGRADER_ALLOW_PUBLIC_SEED=1 accepts it (tests, demonstrations)."""
+    seed = explicit if explicit is not None else (
+        int(os.environ["AUTOGRADER_SEED"]) if os.environ.get("AUTOGRADER_SEED") else None)
+    if os.environ.get("AUTOGRADER_ALLOW_PUBLIC_SEED") == "1":
+        return DEFAULT_SEED if seed is None else seed
+    if seed is None or seed == DEFAULT_SEED:
+        raise PublicSeed("no course seed: the built-in seed is public, so the hidden inputs would not be "
+                         "hidden. Make one once per course (`python -m autograder new-seed`), keep it with the "
+                         "course's private data, and pass it with --seed or $AUTOGRADER_SEED")
+    return seed
 
 
 def generator(seed: int, *salt: str) -> torch.Generator:

@@ -48,6 +48,7 @@ LMS_NAMES = {"canvas": "Canvas", "moodle": "Moodle", "gradescope": "Gradescope"}
 ID_KINDS = {"canvas": "Canvas user id", "moodle": "Moodle participant id", "gradescope": "Gradescope SID"}
 MAX_FILE_BYTES = 256 << 20  # a file read from a zip (a student's notebook or zip); more is refused
 MAX_ZIP_DEPTH = 3           # zips inside zips inside the export
+MAX_STUDENT_ZIP_BYTES = 256 << 20  # a student's zips, unpacked to temporary files (not memory), in all
 REPORT_FILE = "import_report.txt"
 STUDENTS_CSV = "students.csv"
 
@@ -188,6 +189,7 @@ class _Node:
     read: Callable[[], bytes] | None = None
     mtime: float | None = None
     size: int = 0
+    open: Callable | None = None      # a zip member's stream (read in pieces, not whole)
 
     @property
     def is_dir(self) -> bool:
@@ -248,7 +250,7 @@ def _zip_tree(zf: zipfile.ZipFile, name: str, origin: str) -> _Node:
         except (OverflowError, ValueError):
             mtime = None
         parent.children.append(_Node(parts[-1], _join(parent.origin, parts[-1]), read=_member_reader(zf, info),
-                                     mtime=mtime, size=info.file_size))
+                                     mtime=mtime, size=info.file_size, open=lambda info=info: zf.open(info)))
     for node in dirs.values():
         node.children.sort(key=lambda n: n.name)
     return root
@@ -265,6 +267,25 @@ def _member_reader(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Callable[[], b
             raise ValueError(f"more than the {MAX_FILE_BYTES >> 20} MiB the importer reads")
         return data
     return read
+
+
+def _spool(node: _Node, stack: ExitStack, allowance: int):
+    """The zip `node` copied into a temporary file in pieces (a zip of zips is never held in
+    memory), at most `allowance` bytes of it (ValueError beyond: a 2 MB zip of eight 250 MiB zips
+    would otherwise be 2 GB). Returns (the file, its size)."""
+    import tempfile
+
+    f = stack.enter_context(tempfile.TemporaryFile())
+    with (node.open() if node.open else io.BytesIO(node.read())) as src:
+        size = 0
+        while chunk := src.read(1 << 20):
+            size += len(chunk)
+            if size > allowance:
+                raise ValueError(f"more than the {MAX_STUDENT_ZIP_BYTES >> 20} MiB of zips the importer "
+                                 "unpacks for one student")
+            f.write(chunk)
+    f.seek(0)
+    return f, size
 
 
 def _open_zip(data_or_path, stack: ExitStack) -> zipfile.ZipFile:
@@ -630,6 +651,7 @@ class _Candidate:
 class _Importer:
     def __init__(self, lms: str, stack: ExitStack):
         self.lms, self.stack = lms, stack
+        self.unpacked: dict = {}  # student folder -> bytes of their zips spooled (_spool)
 
     def files(self, student: _Student, unplaced: list) -> list[_Candidate]:
         out: list[_Candidate] = []
@@ -661,7 +683,9 @@ class _Importer:
             if depth >= MAX_ZIP_DEPTH:
                 return skip(f"a zip inside {MAX_ZIP_DEPTH} zips: not unpacked")
             try:
-                data = node.read()
+                used = self.unpacked.get(student.folder, 0)
+                data, size = _spool(node, self.stack, MAX_STUDENT_ZIP_BYTES - used)
+                self.unpacked[student.folder] = used + size
                 zf = _open_zip(data, self.stack)
                 tree = _zip_tree(zf, node.name, node.origin)
             except zipfile.BadZipFile as e:

@@ -22,8 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 
 MAX_NOTEBOOK_BYTES = 100 << 20  # outputs with images make large notebooks; 100 MiB is plenty
+# Code is parsed in the grader's processes (static check, identical-code flag) and by the
+# child: a 1 MB list literal is ~260 MB of syntax tree. The solutions' largest cell is 2.7 KB.
+MAX_CELL_BYTES = 100_000
+MAX_CODE_BYTES = 1_000_000  # all code cells of one notebook together
 PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
 
 _MAGIC_LINE = re.compile(r"^[ \t]*[%!]|\?[ \t]*$", re.MULTILINE)
@@ -37,26 +42,116 @@ class NotebookError(ValueError):
     """The file is not a notebook the grader can read; the message says why."""
 
 
-def read_code_cells(path: str | os.PathLike) -> list[str]:
-    """The raw source of each code cell, in order ([] for a notebook without code).
+_KINDS = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]
 
-    Raises:
-        NotebookError: unreadable, too large, corrupt JSON, not a notebook, unsupported version.
-    """
-    name = os.path.basename(os.fspath(path))
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def submission_problem(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str | None:
+    """Why `path` is not a regular file of the submission folder `root` (None where it is one):
+    a symbolic link (the file or any folder between `root` and it: a link to the solutions or
+    to a classmate's notebook), a pipe, socket or device (a read that never ends), or a real
+    path outside `root`. Only lstat: nothing is opened or followed."""
+    path = os.path.abspath(os.fspath(path))
+    name = os.path.basename(path)
+    if root is not None:
+        root = os.path.abspath(os.fspath(root))
+        rel = os.path.relpath(path, root)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            return f"{name} is not inside the submission folder; refused."
+        parts = [] if rel == os.curdir else rel.split(os.sep)
+        here = root
+        for part in [None, *parts]:  # (None: the submission folder itself)
+            here = here if part is None else os.path.join(here, part)
+            try:
+                if os.path.islink(here):
+                    return (f"{os.path.relpath(here, os.path.dirname(root))} is a symbolic link; the "
+                            "grader reads only regular files of the submission, so it is refused. "
+                            "Submit the notebook itself.")
+            except OSError:
+                pass
     try:
-        size = os.path.getsize(path)
-        if size > MAX_NOTEBOOK_BYTES:
-            raise NotebookError(f"{name} is {size / 2**20:.0f} MiB, larger than the "
-                                f"{MAX_NOTEBOOK_BYTES >> 20} MiB the grader accepts; "
-                                "clear the outputs (Kernel > Restart & Clear Output) and resubmit.")
-        with open(path, "rb") as f:
-            data = f.read(MAX_NOTEBOOK_BYTES + 1)
-    except NotebookError:
-        raise
+        st = os.lstat(path)
+    except OSError as e:
+        return f"cannot read {name}: {e.strerror or e}."
+    if stat.S_ISLNK(st.st_mode):
+        return (f"{name} is a symbolic link; the grader reads only regular files of the submission, "
+                "so it is refused. Submit the notebook itself.")
+    if not stat.S_ISREG(st.st_mode):
+        return f"{name} is {_kind(st.st_mode)}, not a notebook file; refused."
+    if root is not None:
+        real, real_root = os.path.realpath(path), os.path.realpath(root)
+        if os.path.commonpath([real, real_root]) != real_root:
+            return f"{name} lies outside the submission folder; refused."
+    return None
+
+
+def read_submission_file(path: str | os.PathLike, limit: int, root=None) -> bytes:
+    """At most `limit` + 1 bytes of a regular file of the submission (`submission_problem`),
+    opened without following a link and without blocking (a FIFO or a /proc/self/fd link
+    never holds the grader), and checked again on the open file. NotebookError otherwise."""
+    name = os.path.basename(os.fspath(path))
+    why = submission_problem(path, root)
+    if why:
+        raise NotebookError(why)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise NotebookError(f"cannot read {name}: {e.strerror or e}.") from None
-    return parse_code_cells(data, name)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # (swapped after the check above)
+            raise NotebookError(f"{name} is {_kind(st.st_mode)}, not a notebook file; refused.")
+        if st.st_size > limit:
+            raise NotebookError(f"{name} is {st.st_size / 2**20:.0f} MiB, larger than the "
+                                f"{limit >> 20} MiB the grader accepts; clear the outputs "
+                                "(Kernel > Restart & Clear Output) and resubmit.")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = None
+            return f.read(limit + 1)
+    except OSError as e:
+        raise NotebookError(f"cannot read {name}: {e.strerror or e}.") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def read_code_cells(path: str | os.PathLike, root=None) -> list[str]:
+    """The raw source of each code cell, in order ([] for a notebook without code). With
+    `root`, the submission folder it must be a regular file of (`submission_problem`); a link
+    or special file is refused in any case.
+
+    Raises:
+        NotebookError: a link or special file, unreadable, too large, corrupt JSON, not a
+        notebook, unsupported version.
+    """
+    name = os.path.basename(os.fspath(path))
+    data = read_submission_file(path, MAX_NOTEBOOK_BYTES, root)
+    if len(data) > MAX_NOTEBOOK_BYTES:  # (grew after fstat)
+        raise NotebookError(f"{name} is larger than the {MAX_NOTEBOOK_BYTES >> 20} MiB the grader accepts.")
+    return capped_cells(parse_code_cells(data, name))
+
+
+def capped_cells(sources: list[str]) -> list[str]:
+    """The cells with every one over MAX_CELL_BYTES (or past MAX_CODE_BYTES in all) replaced
+    by a line that raises when run, saying why: nothing parses a huge cell (a megabyte list
+    literal is hundreds of megabytes of syntax tree), and what it defined is missing."""
+    out, total = [], 0
+    for n, source in enumerate(sources, 1):
+        size = len(source.encode("utf-8", "surrogatepass"))
+        total += size
+        if size > MAX_CELL_BYTES or total > MAX_CODE_BYTES:
+            why = (f"code cell {n} is {size:,} bytes, more than the {MAX_CELL_BYTES:,} a cell may hold"
+                   if size > MAX_CELL_BYTES else
+                   f"the notebook's code reaches {total:,} bytes at cell {n}, more than the "
+                   f"{MAX_CODE_BYTES:,} the grader reads")
+            source = f"raise MemoryError({why + '; this cell was not run by the grader'!r})\n"
+        out.append(source)
+    return out
 
 
 def parse_code_cells(data: bytes | str, name: str = "the notebook") -> list[str]:
@@ -156,9 +251,9 @@ def _timed_statement(m: re.Match) -> str:
         statement = shorter
 
 
-def notebook_cells(path: str | os.PathLike) -> list[str]:
+def notebook_cells(path: str | os.PathLike, root=None) -> list[str]:
     """The code cells of a submission, ready to run: read_code_cells, then to_python."""
-    return [to_python(s) for s in read_code_cells(path)]
+    return [to_python(s) for s in read_code_cells(path, root)]
 
 
 

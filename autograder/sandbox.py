@@ -97,6 +97,9 @@ class Limits:
     notebook_timeout: float = 120.0     # seconds for all cells together (start-up of a session)
     student_budget: float = 300.0       # seconds of grading for one student's whole submission:
                                         # what is left when it runs out scores zero, said so
+    watchdog_margin: float = 300.0      # batch: a worker still at one student this long after
+                                        # their budget ran out is killed (`error`); it covers what
+                                        # the budget does not count (start-up, comparisons, reports)
     startup_timeout: float = 60.0       # seconds for the child to start (Python + torch import)
     grace: float = 2.0                  # after a timeout the child interrupts itself; this long
                                         # later the parent kills it (student code that swallows
@@ -403,6 +406,23 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
     return args + python_argv
 
 
+def popen_bwrap(argv: list[str], pass_fds=(), **kwargs) -> subprocess.Popen:
+    """Start a bwrap command line with its arguments read from a file descriptor (`--args`),
+    not from its command line: bwrap is the sandbox's first process (PID 1 with --unshare-pid),
+    and every process inside can read /proc/1/cmdline, which would list the hidden paths (the
+    solutions, the results, the reference cache) as --tmpfs targets."""
+    fd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else None
+    if fd is None:  # (not Linux: no bwrap either)
+        return subprocess.Popen(argv, pass_fds=pass_fds, **kwargs)
+    end = argv.index("--")  # (the command itself must stay on the command line: bwrap's rule)
+    try:
+        os.write(fd, b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in argv[1:end]))
+        os.lseek(fd, 0, os.SEEK_SET)
+        return subprocess.Popen([argv[0], "--args", str(fd), *argv[end:]], pass_fds=(*pass_fds, fd), **kwargs)
+    finally:
+        os.close(fd)
+
+
 _PROBE_LOCK = threading.Lock()
 _PROBE: dict = {}
 
@@ -639,7 +659,7 @@ class Child:
             _, _, variant = probe_bubblewrap()
             argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
         try:
-            self.proc = subprocess.Popen(
+            self.proc = (popen_bwrap if mode == "bubblewrap" else subprocess.Popen)(
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
                 pass_fds=(req_r, res_w), env=_base_env(home, token), cwd=workdir,
                 start_new_session=True, close_fds=True)
@@ -673,6 +693,9 @@ class Child:
         self.wait(self.limits.kill_wait)
         _close_pipes(self)
         if self.lease is not None:
+            from .uid_cleanup import clean_up
+
+            clean_up(self.lease.uid)  # its files in /tmp, /var/tmp, /dev/shm, its keyrings
             self.lease.release()
             self.lease = None
 
@@ -764,7 +787,7 @@ class _Bwrap:
     @classmethod
     def start(cls, argv: list[str], sock_fd: int, out_fd: int, token: str, workdir: str) -> "_Bwrap":
         """Run `argv` (a bwrap command line) with the control socket and output pipe."""
-        return cls(subprocess.Popen(
+        return cls(popen_bwrap(
             argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,),
             env=_base_env("/tmp", token), cwd=workdir, start_new_session=True, close_fds=True))
 

@@ -16,3 +16,14 @@ def printable(text: str) -> str:
     """`text` with every control character but newline and tab (C0, DEL, C1) and every bidi
     embedding, override or isolate shown as an escape ("\\x1b", "\\u202e") instead."""
     return text.translate(_SHOWN)
+
+
+TEXT_CAP = 4000  # characters of one student-derived message kept in results and reports
+
+
+def capped(text, limit: int = TEXT_CAP):
+    """`text` cut to `limit` characters, saying how many more there were (a module with 29,000
+    parameter names of 500 characters made each message 14 MB); anything else as it is."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... and {len(text) - limit:,} more characters"

@@ -196,12 +196,12 @@ def test_batch_grades_through_the_zygote_and_scores_as_without(tmp_path, fresh_b
                                                                monkeypatch):
     folder = _class(tmp_path)
     grader = Grader(sandbox="bubblewrap")
-    with_zygote = batch.grade_class(folder, grader, jobs=1, progress=False)
+    with_zygote = batch.grade_class(folder, grader, jobs=1, progress=False, in_process=True)
     assert isinstance(batch._ZYGOTE, Zygote), "a root grader forks students from a zygote"
     batch._ZYGOTE.kill()
     monkeypatch.setattr(batch, "_ZYGOTE", None)
     monkeypatch.setattr(Zygote, "usable", staticmethod(lambda mode: False))
-    without = batch.grade_class(folder, grader, jobs=1, progress=False)
+    without = batch.grade_class(folder, grader, jobs=1, progress=False, in_process=True)
     assert batch._ZYGOTE is False
     assert {n: r.score for n, r in with_zygote.items()} == {n: r.score for n, r in without.items()}
     assert with_zygote["good"].score == with_zygote["good"].max_score > 0
@@ -212,7 +212,7 @@ def test_a_zygote_that_cannot_start_costs_nothing(tmp_path, fresh_batch_worker, 
     def broken(*args, **kwargs):
         raise OSError("no zygote here")
     monkeypatch.setattr("autograder.sandbox.Zygote.__init__", broken)
-    results = batch.grade_class(_class(tmp_path), Grader(sandbox="bubblewrap"), jobs=1,
+    results = batch.grade_class(_class(tmp_path), Grader(sandbox="bubblewrap"), jobs=1, in_process=True,
                                 progress=False)
     assert results["good"].score == results["good"].max_score > 0
     assert batch._ZYGOTE is False

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
 import traceback
 import zipfile
@@ -49,6 +51,9 @@ PY="${AUTOGRADER_PYTHON:-/opt/grader-venv/bin/python}"
 export AUTOGRADER_SOLUTIONS="$ROOT/source/solutions"
 export AUTOGRADER_CACHE_DIR="$ROOT/source/reference-cache"
 export AUTOGRADER_HIDE="$ROOT/results"
+# The course's secret input seed (built into this zip by gradescope-zip; never the public default).
+AUTOGRADER_SEED="$(cat "$ROOT/source/course-seed")"
+export AUTOGRADER_SEED
 # Where there are no namespaces (Docker's default capabilities), the grader runs each student as
 # a uid of its own: the grader, the solutions and the results must be unreadable to it.
 mkdir -p "$ROOT/results"
@@ -64,11 +69,17 @@ PACKAGE_FILES = ("pyproject.toml",)
 CACHE_FOLDER = "reference-cache"
 
 
-def build_zip(output, chapters: list[str] | None = None) -> Path:
+def build_zip(output, chapters: list[str] | None = None, seed: int | None = None) -> Path:
     """Write the Gradescope autograder zip: setup.sh, run_autograder, the grader, the solutions,
     and the reference outcomes of these chapters (`reference_store`), computed here once
     instead of in every submission's fresh container (used there when its torch is the same
     version; otherwise computed there as usual)."""
+    from ..inputs import PublicSeed, course_seed, new_seed
+
+    try:  # (the course's seed where the instructor gives one, else one made for this zip)
+        seed = course_seed(seed)
+    except PublicSeed:
+        seed = new_seed()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(output, "w", zipfile.ZIP_DEFLATED) as z:
@@ -80,6 +91,7 @@ def build_zip(output, chapters: list[str] | None = None) -> Path:
         others = " ".join(f'"{d}"' for d in grader_dependencies() if not d.startswith("torch=="))
         add_text("setup.sh", SETUP_SH.replace("__TORCH__", torch_requirement()).replace("__DEPENDENCIES__", others))
         add_text("run_autograder", RUN_AUTOGRADER.replace("__CHAPTERS__", ",".join(chapters or [])))
+        add_text("course-seed", f"{seed}\n", mode=0o600)
         for f in sorted((REPO_DIR / "autograder").rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
                 z.write(f, f.relative_to(REPO_DIR).as_posix())
@@ -87,23 +99,49 @@ def build_zip(output, chapters: list[str] | None = None) -> Path:
             z.write(f, f"solutions/{f.name}")
         for name in PACKAGE_FILES:
             z.write(REPO_DIR / name, name)
-        name, data = _reference_outcomes(chapters)
+        name, data = _reference_outcomes(chapters, seed)
         z.writestr(f"{CACHE_FOLDER}/{name}", data)
     return output
 
 
-def _reference_outcomes(chapters: list[str] | None) -> tuple[str, bytes]:
+def _reference_outcomes(chapters: list[str] | None, seed: int) -> tuple[str, bytes]:
     """The reference-outcome file that `run` will look for, and its bytes."""
     from .. import wire
     from ..contract import CHAPTERS
     from ..grading import ReferenceCache, device_plan
-    from ..inputs import grading_seed
     from ..reference_store import ReferenceStore
 
-    seed, references = grading_seed(), ReferenceCache()
+    references = ReferenceCache()
     references.warm(chapters or list(CHAPTERS), device_plan("cpu"), seed, False)
     name = ReferenceStore(seed, False, Path(CACHE_FOLDER)).path.name
     return name, wire.encode(references.export(seed, False))
+
+
+def copy_without_links(src: Path, dst: Path) -> list[str]:
+    """Copy the submission folder: regular files by content, each opened without following a
+    link or blocking; a symbolic link copied as the link itself (the grader then refuses it,
+    saying why), never what it points to; anything else (a pipe, a device) left out, with a note."""
+    from ..notebook import read_submission_file
+
+    notes: list[str] = []
+    dst.mkdir(mode=0o700)
+    for folder, dirs, files in os.walk(src):  # (os.walk does not enter linked folders)
+        here = dst / os.path.relpath(folder, src)
+        for name in dirs + files:
+            path, target = Path(folder) / name, here / name
+            try:
+                mode = os.lstat(path).st_mode
+                if stat.S_ISLNK(mode):
+                    os.symlink(os.readlink(path), target)
+                elif stat.S_ISDIR(mode):
+                    target.mkdir(mode=0o700)
+                elif stat.S_ISREG(mode):
+                    target.write_bytes(read_submission_file(path, 1 << 30))
+                else:
+                    notes.append(f"{path.relative_to(src)}: not a regular file; left out.")
+            except (OSError, ValueError) as e:
+                notes.append(f"{path.relative_to(src)}: could not be read ({e}); left out.")
+    return notes
 
 
 def run(root, chapters: list[str] | None = None) -> dict:
@@ -117,9 +155,13 @@ def run(root, chapters: list[str] | None = None) -> dict:
     results_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        grader = Grader()
-        with persisted(REFERENCES, grader.seed, grader.quick):
-            result = grader.grade_path(root / "submission", chapters=chapters or None)
+        grader = Grader()  # (the seed: the zip's own course-seed, which run_autograder exports)
+        with persisted(REFERENCES, grader.seed, grader.quick), \
+                tempfile.TemporaryDirectory(prefix="autograder-submission-") as tmp:
+            copy = Path(tmp) / "submission"
+            skipped = copy_without_links(root / "submission", copy)
+            result = grader.grade_path(copy, chapters=chapters or None)
+            result.notes[:0] = skipped
         data = gradescope.results_json(result)
     except Exception:  # the results file is written whatever happens
         data = {"score": 0.0, "execution_time": round(time.perf_counter() - start, 2),

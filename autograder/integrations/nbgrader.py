@@ -22,11 +22,12 @@ import argparse
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import List, Unicode
+from traitlets import Integer, List, Unicode
 
 from ..contract import CHAPTERS, chapter_for_filename
 from ..references import solutions_dir
@@ -47,6 +48,8 @@ c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
 # What a student's code must never read, even where the sandbox is a uid of its own
 # (a container without namespaces): the whole course folder, submissions and gradebook included.
 c.SandboxedGrades.hide = [{root!r}]
+# The course's secret input seed (made once with the course: the built-in one is public).
+c.SandboxedGrades.seed = {seed!r}
 '''
 
 
@@ -57,14 +60,17 @@ class SandboxedGrades(NbGraderPreprocessor):
     device = Unicode("auto", help="auto, cpu or cuda, as `python -m autograder grade --device`").tag(config=True)
     sandbox = Unicode("auto", help="auto, bubblewrap, container or none, as `--sandbox`").tag(config=True)
     hide = List(Unicode(), help="folders a student's uid must not read in the container mode").tag(config=True)
+    seed = Integer(None, allow_none=True, help="the course's input seed (else $AUTOGRADER_SEED)").tag(config=True)
 
     _grader = None
+    _deadlines: dict = {}  # student -> when their budget runs out: one budget for all their notebooks
 
     def preprocess(self, nb, resources):
         name = resources["nbgrader"]["notebook"]
         chapter = chapter_for_filename(name + ".ipynb")
         if chapter is None:
             raise ValueError(f"{name}.ipynb is not a chapter notebook of this course")
+        self._student = (resources["nbgrader"].get("student"), resources["nbgrader"].get("assignment"))
         result = self._grade(nb, chapter)
         tests: dict = {}
         for t in result.tests:
@@ -92,13 +98,21 @@ class SandboxedGrades(NbGraderPreprocessor):
                 raise RuntimeError(f"no grading without the sandbox: {e}") from None
             if mode != "bubblewrap":
                 self.log.warning(note)
-            SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox)
+            from ..inputs import course_seed
+            SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox,
+                                             seed=course_seed(self.seed))
         grader = SandboxedGrades._grader
+        # One budget for a student's notebooks of one autograde run (a deadline long past is an
+        # earlier run's: a later `nbgrader autograde` in the same process starts a new one).
+        now, fresh = time.monotonic(), grader.student_deadline()
+        deadline = SandboxedGrades._deadlines.get(self._student)
+        if deadline is None or now > deadline + (fresh - now):
+            deadline = SandboxedGrades._deadlines[self._student] = fresh
         with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp, \
                 persisted(REFERENCES, grader.seed, grader.quick):
             path = Path(tmp) / f"{chapter.id}.ipynb"
             nbformat.write(nb, path)
-            return grader.grade_notebook(path, chapter)
+            return grader.grade_planned(chapter.id, path, deadline=deadline)
 
 
 def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[str]) -> list:
@@ -152,7 +166,12 @@ def make_course(course_dir, assignment: str = "attention", chapters=None) -> Pat
     course = Path(course_dir).resolve()
     src = course / "source" / assignment
     src.mkdir(parents=True, exist_ok=True)
-    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
+    from ..inputs import new_seed
+
+    config = course / "nbgrader_config.py"
+    if not config.exists():  # (the seed is made once per course: a second call keeps it)
+        config.write_text(CONFIG.format(root=str(course), seed=new_seed()))
+        config.chmod(0o600)
     for chapter in chapters or CHAPTERS:
         nbformat.write(source_notebook(chapter), src / f"{chapter}.ipynb")
     return course

@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
+from .. import atomic
 from ..device_check import DEVICE_CHECKS
 from ..contract import CHAPTERS
 from ..results import SubmissionResult
@@ -129,8 +130,7 @@ def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identi
             "class": Path(class_dir).name if class_dir else "", "identical_to_solutions": [list(x) for x in identical],
             "result": plain}
     path = Path(out_dir) / student / SAVED
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data), encoding="utf-8")
+    atomic.write_text(path, json.dumps(data))  # (whole or not at all)
     return path
 
 
@@ -374,5 +374,5 @@ def write(out_dir) -> Path:
     """DIR/class_report.html from every DIR/<student>/grading.json."""
     students, problems = load(out_dir)
     path = Path(out_dir) / PAGE
-    path.write_text(render(students, problems), encoding="utf-8")
+    atomic.write_text(path, render(students, problems))
     return path
