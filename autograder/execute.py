@@ -14,7 +14,6 @@ import traceback
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .calls import Call, ErrorKind, Outcome
@@ -23,26 +22,83 @@ from .device_check import FAKE_CUDA, FakeCuda, is_fake, move_module, needs_meta,
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
 WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
+# Watched Python functions that need not run a watched op (nn.MultiheadAttention's slow path).
+PYTHON_WATCHED = ("multi_head_attention_forward",)
 _HIDDEN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(os.__file__))
 
 
-class _Recorder(TorchFunctionMode):
-    """Records watched torch functions however they are reached: torch.*, Tensor methods,
-    torch.nn.functional, aliases, torch.ops.aten.* and torch._C bindings all pass through
-    __torch_function__ while a mode is active. (A TorchDispatchMode would also see ops that C++
-    calls internally, but entering one makes some ops import torch._dynamo: seconds per child.)"""
+class _Recorder:
+    """Records the watched aten ops (`WATCHED_OPS`) that run while the block runs, however they
+    are reached: torch.*, Tensor methods, aliases and wrappers (`F.softmin` runs `aten._softmax`),
+    torch.ops.aten, torch._C bindings, decompositions and custom ops whose code calls them. It
+    works at the dispatcher: each watched op has a kernel at the `PreDispatch` key (which nothing
+    else of torch registers kernels at, and whose fallback is a fall-through), and the block
+    includes that key in the thread's dispatch set, so the watched ops pass through a recording
+    kernel and every other op costs no Python at all. `multi_head_attention_forward`, Python code
+    whose slow path is ordinary ops, is recorded by name (`_record_function`)."""
+
+    seen: set | None = None  # the set of the call running now (calls run one at a time: TorchState)
 
     def __init__(self, seen: set):
-        super().__init__()
-        self.seen = seen
+        self.mine = seen
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "").split(".")[0]  # "_softmax.default" -> "_softmax"
-        if name in WATCHED_OPS:
-            self.seen.add(f"aten.{name}")
-        if name in WATCHED_FUNCTIONS:
-            self.seen.add(name)
-        return func(*args, **(kwargs or {}))
+    def __enter__(self):
+        _install_recorder()
+        self.outer, _Recorder.seen = _Recorder.seen, self.mine
+        self.guard = torch._C._IncludeDispatchKeyGuard(_WATCH_KEY)
+        self.guard.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.guard.__exit__(*exc)
+        _Recorder.seen = self.outer
+        return False
+
+
+_WATCH_KEY = torch._C.DispatchKey.PreDispatch
+_LIBRARY: list = []  # the torch.library.Library holding the recording kernels, once installed
+
+
+def _recording_kernel(op, name: str):
+    after = torch._C._dispatch_keyset_full_after(_WATCH_KEY)
+
+    def kernel(keyset, *args, **kwargs):
+        if _Recorder.seen is not None:
+            _Recorder.seen.add(f"aten.{name}")
+        return op.redispatch(keyset & after, *args, **kwargs)
+    return kernel
+
+
+def _record_function(fn, name: str):
+    def recorded(*args, **kwargs):
+        if _Recorder.seen is not None:
+            _Recorder.seen.add(name)
+        return fn(*args, **kwargs)
+    recorded.__wrapped__ = fn
+    return recorded
+
+
+def _install_recorder() -> None:
+    """Register the recording kernels (once per process)."""
+    if _LIBRARY:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name in sorted(WATCHED_OPS):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            qualified = name if overload == "default" else f"{name}.{overload}"
+            try:
+                lib.impl(qualified, _recording_kernel(getattr(packet, overload), name), _WATCH_KEY.name,
+                         with_keyset=True)
+            except RuntimeError:  # an op this build does not have
+                pass
+    import torch.nn.functional as F
+
+    for name in PYTHON_WATCHED:
+        fn = getattr(F, name, None)
+        if fn is not None and not hasattr(fn, "__wrapped__"):
+            setattr(F, name, _record_function(fn, name))
+    _LIBRARY.append(lib)
 
 
 class _Largest(TorchDispatchMode):

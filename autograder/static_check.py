@@ -81,6 +81,8 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -168,7 +170,46 @@ _ATTENTION_CLASSES = frozenset({
     "MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder",
     "TransformerEncoderLayer", "TransformerDecoderLayer",
 })
-_SOFTMAX_CLASSES = frozenset({"Softmax", "LogSoftmax", "Softmax2d"})
+_SOFTMAX_CLASSES = frozenset({"Softmax", "LogSoftmax", "Softmax2d",
+                              "softmin", "Softmin"})  # (softmin(x) is softmax(-x))
+# The torch namespaces code under a Forbidden rule may use (issue 27.4: an allow-list, so that
+# PyTorch's attention or softmax under another name counts): the names and their whole
+# sub-packages in _ALLOWED_TREES, and these names only (not their sub-packages, e.g. not
+# torch.nn.attention's flex_attention). Elsewhere (torch.onnx's attention op and its
+# decomposition, torch._decomp, torch._refs, torch._prims, torch.func, torch.library, ...) the
+# computation is PyTorch's, not the student's.
+_ALLOWED_NAMESPACES = frozenset({"torch", "torch.nn"})
+_ALLOWED_TREES = ("torch.nn.functional", "torch.nn.init", "torch.nn.modules", "torch.nn.parameter",
+                  "torch.nn.utils", "torch.nn.common_types", "torch.linalg", "torch.special", "torch.fft",
+                  "torch.autograd", "torch.random", "torch.cuda", "torch.backends", "torch.testing",
+                  "torch.types", "torch.utils", "torch.distributions", "torch.amp", "torch.jit",
+                  "torch.func", "torch.compiler", "torch.profiler")
+_TORCH_DIR = Path(torch.__file__).parent
+
+
+@lru_cache(maxsize=4096)
+def _is_torch_module(path: str) -> bool:
+    """Whether a dotted name under torch is one of its modules (from the files: nothing imported)."""
+    where = _TORCH_DIR.joinpath(*path.split(".")[1:])
+    return (where / "__init__.py").is_file() or where.with_suffix(".py").is_file()
+
+
+def foreign_namespace(path: str | None) -> str | None:
+    """The first torch module on a dotted path ("torch.onnx.ops.attention") that is outside the
+    allow-list ("torch.onnx"), or None."""
+    if not path or path.split(".")[0] != "torch":
+        return None
+    parts = path.split(".")
+    for n in range(2, len(parts) + 1):
+        prefix = ".".join(parts[:n])
+        if not _is_torch_module(prefix):
+            return None  # an attribute, not a module: the namespace is the one before it
+        if prefix in _ALLOWED_NAMESPACES:
+            continue
+        if any(prefix == t or prefix.startswith(t + ".") for t in _ALLOWED_TREES):
+            return None
+        return prefix
+    return None
 # `nn.Transformer.generate_square_subsequent_mask(L)` uses the class, not its attention.
 _HARMLESS_MEMBERS = frozenset({
     "generate_square_subsequent_mask", "__name__", "__qualname__", "__doc__", "__module__",
@@ -812,7 +853,8 @@ class _Scope:
         elif b.kind == "import":
             if self._forbidden_path(b.path):
                 where = site if site is not None else b.node
-                self._found(b.path.rsplit(".", 1)[-1], cell if site is not None else b.cell, where)
+                name = foreign_namespace(b.path) or b.path.rsplit(".", 1)[-1]
+                self._found(name, cell if site is not None else b.cell, where)
         elif b.kind == "value":
             if self._alias_like(b.node):
                 self._expr_unit(b.node, b.cell, b.order)
@@ -821,7 +863,7 @@ class _Scope:
         if not path:
             return False
         parts = path.split(".")
-        return parts[0] == "torch" and parts[-1] in self.names
+        return parts[0] == "torch" and (parts[-1] in self.names or foreign_namespace(path) is not None)
 
     @staticmethod
     def _alias_like(value) -> bool:
@@ -942,6 +984,21 @@ class _Scope:
             self.skip.add(id(node.value))
         if node.attr in self.names and id(node) not in self.skip and not self._own_member(node, env):
             self._found(node.attr, env.cell, node)
+        foreign = foreign_namespace(self._torch_path(node, env))
+        if foreign:
+            self._found(foreign, env.cell, node)
+
+    def _torch_path(self, node: ast.Attribute, env: _Env) -> str | None:
+        """The dotted torch name an attribute chain stands for (`F.x` -> "torch.nn.functional.x"
+        after `import torch.nn.functional as F`), or None where its root is not a torch import."""
+        attrs = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or not self._is_torch(node.id, env):
+            return None
+        b = self.nb.resolve(node.id, env.time)
+        return ".".join([b.path, *reversed(attrs)])
 
     def _own_member(self, node: ast.Attribute, env: _Env) -> bool:
         """self.name where the student's classes define `name` (a method or an attribute)."""
@@ -1029,6 +1086,9 @@ class _Scope:
         if node.level or not node.module or node.module.split(".")[0] != "torch":
             return
         for alias in node.names:
+            foreign = foreign_namespace(f"{node.module}.{alias.name}")
+            if foreign:
+                self._found(foreign, env.cell, node)
             if alias.name == "*":
                 for name in sorted(self.names):
                     if _star_exports(node.module, name):
