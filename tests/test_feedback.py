@@ -208,9 +208,9 @@ def test_meta_is_explained_once_in_each_report():
                          _test("attention_pool", "cpu", [True]), _test("attention_pool", "meta", [False]))
     assert text.META_NOTE.startswith("fake-cuda: ") and "as if on a GPU" in text.META_NOTE
     assert text.render(result).count(text.META_NOTE) == 1
-    assert html.render(result).count("shapes but no values") == 1
+    assert html.render(result).count("as if on a GPU") == 1
     cpu_only = _submission("bob", _test("softmax", "cpu", [True]))
-    assert "shapes but no values" not in html.render(cpu_only) + text.render(cpu_only)
+    assert "as if on a GPU" not in html.render(cpu_only) + text.render(cpu_only)
 
 
 def test_case_counts_are_plural_only_when_more_than_one():
