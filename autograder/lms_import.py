@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from .contract import CHAPTER_IDS, CHAPTERS, chapter_for_filename
+from .report.csv_safe import cell
 
 LMS_NAMES = {"canvas": "Canvas", "moodle": "Moodle", "gradescope": "Gradescope"}
 ID_KINDS = {"canvas": "Canvas user id", "moodle": "Moodle participant id", "gradescope": "Gradescope SID"}
@@ -50,6 +51,7 @@ MAX_FILE_BYTES = 256 << 20  # a file read from a zip (a student's notebook or zi
 MAX_ZIP_DEPTH = 3           # zips inside zips inside the export
 REPORT_FILE = "import_report.txt"
 STUDENTS_CSV = "students.csv"
+LATE_NOTE = "LATE: Canvas marked the submission late"
 
 # Files that operating systems add to folders and zips: never a student's work, never listed.
 _JUNK = re.compile(r"^(__MACOSX|\.DS_Store|Thumbs\.db|desktop\.ini|\._.*)$", re.IGNORECASE)
@@ -416,8 +418,8 @@ def _canvas(top: list, col: _Collector) -> None:
                            "<file name>): whose it is is unknown")
             continue
         s = col.student(m["uid"], m["name"])
-        if m["late"] and "Canvas marked the submission late" not in s.notes:
-            s.notes.append("Canvas marked the submission late")
+        if m["late"] and LATE_NOTE not in s.notes:
+            s.notes.append(LATE_NOTE)
         order = int(m["sid"]) if "sid" in m.groupdict() else None
         s.items.append((node, m["orig"], order))
 
@@ -862,12 +864,22 @@ def _write_students_csv(report: ImportReport) -> None:
             rows = {}
     for s in report.students.values():
         rows[s.folder] = {"student": s.folder, "lms": report.lms, "id_kind": s.id_kind, "lms_id": s.lms_id,
-                          "name": s.name, "email": s.email, "notes": "; ".join(s.notes)}
+                          "name": s.name, "email": s.email, "notes": "; ".join(gradebook_notes(report, s))}
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for name in sorted(rows):
-            w.writerow(rows[name])
+            w.writerow({k: cell(v) for k, v in rows[name].items()})  # (names are the students' text)
+
+
+def gradebook_notes(report: ImportReport, s: StudentImport) -> list[str]:
+    """What the gradebook's Notes and the class report say of this student's import: the LMS's
+    notes (LATE, a group), the zips their placed notebooks were unpacked from, and every file of
+    theirs that was not placed, with the reason."""
+    zips = sorted({p.source[:p.source.lower().index(".zip/") + 4] for p in s.placed.values()
+                   if ".zip/" in p.source.lower()})
+    return (list(s.notes) + [f"unpacked {z}" for z in zips]
+            + [f"not placed: {u.source} ({u.reason})" for u in report.unplaced if u.student == s.folder])
 
 
 def read_students_csv(dest) -> dict[str, dict]:

@@ -112,7 +112,7 @@ def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[s
         why = (f"the grader has no exercise {exercise!r} in this chapter" if exercise
                else "this grade cell does not call check(...) for an exercise of this chapter")
         return [nbformat.v4.new_output("stream", name="stderr", text=f"not graded: {why}\n")]
-    points = min(max(sum(t.score for t in tests), 0.0), max_points)
+    points = min(max(sum(t.exact_score for t in tests), 0.0), max_points)
     text = "\n".join([*(f"note: {n}" for n in notes), *exercise_lines(tests)])
     return [nbformat.v4.new_output("stream", name="stdout", text=printable(text) + "\n"),
             nbformat.v4.new_output("execute_result", data={"text/plain": repr(round(points, 4))},
