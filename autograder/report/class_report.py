@@ -22,7 +22,6 @@ import io
 import json
 import statistics
 from collections import defaultdict
-from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
@@ -44,16 +43,6 @@ TOP_HINTS = 20
 compared = similarity.compared
 
 
-@lru_cache(maxsize=None)
-def _solution_codes(chapter: str) -> dict:
-    from ..references import reference_cells, solutions_dir
-
-    with open(solutions_dir() / f"{chapter}.ipynb", encoding="utf-8") as f:
-        defs = similarity.definitions(reference_cells(json.load(f)))
-    return {ex.name: similarity.dump(similarity.exercise_node(defs, ex))
-            for ex in CHAPTERS[chapter].exercises if compared(ex)}
-
-
 def identical_to_solutions(todo) -> list[list[str]]:
     """[chapter, exercise] for each exercise whose code in the student's notebooks (`todo`:
     (chapter id, notebook path or None) pairs, as `Grader.plan` gives) equals the published
@@ -67,7 +56,7 @@ def identical_to_solutions(todo) -> list[list[str]]:
         if notebook is None:
             continue
         try:
-            solution = _solution_codes(chapter)
+            solution = similarity.solution_dumps(chapter)
             defs = similarity.definitions(notebook_cells(notebook))
         except Exception:  # (an unreadable notebook: its grading says why)
             continue

@@ -12,7 +12,7 @@ are not local such as torch or an attribute, constants), from a student's notebo
 their token k-grams (the shingles of MOSS-like tools) and lists the pairs at or above THRESHOLD,
 for the instructor to look at: it changes no score. Very short code (fewer than MIN_TOKENS
 tokens) and code equal to the released exercise stub are not compared: independent work looks
-alike there.
+alike there; nor is code equal to the published solution (flagged as that already).
 """
 from __future__ import annotations
 
@@ -154,6 +154,18 @@ def compared(ex) -> bool:
 
 
 @lru_cache(maxsize=None)
+def solution_dumps(chapter: str) -> dict:
+    """exercise -> the published solution's normalised code (`dump`)."""
+    import json
+
+    from ..references import reference_cells, solutions_dir
+
+    with open(solutions_dir() / f"{chapter}.ipynb", encoding="utf-8") as f:
+        defs = definitions(reference_cells(json.load(f)))
+    return {ex.name: dump(exercise_node(defs, ex)) for ex in CHAPTERS[chapter].exercises if compared(ex)}
+
+
+@lru_cache(maxsize=None)
 def _stubs(chapter: str) -> dict:
     """exercise -> the released stub's token stream (the exercise notebook's), where it is here."""
     import json
@@ -171,8 +183,9 @@ def _stubs(chapter: str) -> dict:
 def fingerprints(todo) -> dict[str, str]:
     """"chapter: exercise" -> the exercise's token stream (space-separated) for every compared
     exercise of the student's notebooks (`todo`: (chapter id, notebook path or None) pairs) that
-    is long enough and not the released stub. Reads the notebooks as data; a notebook it cannot
-    read gives nothing."""
+    is long enough, not the released stub and not the published solution (flagged as such on
+    its own: every copy of it would pair with every other). Reads the notebooks as data; a
+    notebook it cannot read gives nothing."""
     from ..notebook import notebook_cells
 
     out = {}
@@ -182,13 +195,16 @@ def fingerprints(todo) -> dict[str, str]:
         try:
             defs = definitions(notebook_cells(notebook))
             stubs = _stubs(chapter)
+            solution = solution_dumps(chapter)
         except Exception:  # (an unreadable notebook: its grading says why)
             continue
         for ex in CHAPTERS[chapter].exercises:
             if not compared(ex):
                 continue
-            stream = tokens(exercise_node(defs, ex))
-            if len(stream) >= MIN_TOKENS and stream != stubs.get(ex.name):
+            node = exercise_node(defs, ex)
+            stream = tokens(node)
+            if len(stream) >= MIN_TOKENS and stream != stubs.get(ex.name) \
+                    and (node is None or dump(node) != solution.get(ex.name)):
                 out[f"{chapter}: {ex.name}"] = " ".join(stream)
     return out
 
