@@ -127,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "reference solutions) for a Gradescope programming assignment.")
     z.add_argument("output", type=Path, nargs="?", default=Path("autograder.zip"))
     z.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
-                   help="chapters the assignment grades (missing notebooks score zero)")
+                   help="chapters the assignment grades (default: all; a chapter not handed in scores zero)")
+    z.add_argument("--hide-answers", action="store_true",
+                   help="show the written answers' results (and so the total) only when the grades are "
+                        "published (Gradescope's after_published)")
 
     sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
 
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "gradescope-zip":
         from .integrations.gradescope import build_zip
-        build_zip(args.output, chapters=args.chapters)
+        build_zip(args.output, chapters=args.chapters, hide_answers=args.hide_answers)
         print(f"wrote {args.output}")
         return 0
 

@@ -771,16 +771,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
         for st in sorted(col.students.values(), key=lambda s: s.folder):
             si = report.students[st.folder] = StudentImport(st.folder, st.key, st.name, st.id_kind,
                                                             st.email, notes=list(st.notes))
-            cands = importer.files(st, report.unplaced)
-            chosen = {}
-            for chapter in (c for c in CHAPTERS if any(x.chapter == c for x in cands)):
-                mine = [x for x in cands if x.chapter == chapter]
-                if len(mine) > 1:
-                    mine, why = _newest(mine, found)
-                    si.choices.append(Choice(st.folder, chapter, mine[0].source, [x.source for x in mine[1:]],
-                                             why))
-                chosen[chapter] = mine  # the newest first
-            plan.append((st, chosen, si))
+            plan.append((st, _choose(importer, st, si, report.unplaced, found), si))
 
         existing = report.existing = [st.folder for st, _, _ in plan if (dest / st.folder).exists()]
         if existing and not force and not dry_run:
@@ -790,31 +781,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
                                     "replace those folders")
         writes = []  # (PlacedNotebook, bytes, file time)
         for st, chosen, si in plan:
-            for chapter, ranked in chosen.items():
-                failed = []
-                for cand in ranked:  # the newest that can be read
-                    try:
-                        data = cand.read()
-                        break
-                    except Exception as e:
-                        failed.append(cand.source)
-                        report.unplaced.append(Unplaced(cand.source, f"cannot be read ({type(e).__name__}: "
-                                                                     f"{e})", st.folder))
-                else:
-                    continue
-                placed = si.placed[chapter] = PlacedNotebook(chapter, dest / st.folder / f"{chapter}.ipynb",
-                                                             cand.source)
-                if failed:
-                    placed.notes.append(f"placed instead of the newer {', '.join(failed)}, which cannot be read")
-                data, note = to_utf8(data)
-                if note:
-                    placed.notes.append(note)
-                try:
-                    json.loads(data.decode("utf-8-sig"))
-                except ValueError as e:
-                    placed.notes.append(f"not valid JSON ({type(e).__name__}); placed anyway: the grader "
-                                        "reports it to the student")
-                writes.append((placed, data, cand.mtime))
+            writes += _read_chosen(chosen, si, dest / st.folder, report.unplaced)
         if dry_run:
             return report
         dest.mkdir(parents=True, exist_ok=True)
@@ -833,6 +800,69 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
         report.written = True
         (dest / REPORT_FILE).write_text(report.summary() + "\n", encoding="utf-8")
         return report
+
+
+def _choose(importer: _Importer, st: _Student, si: StudentImport, unplaced: list, lms: str) -> dict:
+    """chapter -> the student's notebooks for it, the newest first (`si.choices` says why)."""
+    cands = importer.files(st, unplaced)
+    chosen = {}
+    for chapter in (c for c in CHAPTERS if any(x.chapter == c for x in cands)):
+        mine = [x for x in cands if x.chapter == chapter]
+        if len(mine) > 1:
+            mine, why = _newest(mine, lms)
+            si.choices.append(Choice(st.folder, chapter, mine[0].source, [x.source for x in mine[1:]], why))
+        chosen[chapter] = mine
+    return chosen
+
+
+def _read_chosen(chosen: dict, si: StudentImport, folder: Path, unplaced: list) -> list:
+    """(PlacedNotebook, UTF-8 bytes, file time) of each chapter's newest readable notebook."""
+    writes = []
+    for chapter, ranked in chosen.items():
+        failed = []
+        for cand in ranked:  # the newest that can be read
+            try:
+                data = cand.read()
+                break
+            except Exception as e:
+                failed.append(cand.source)
+                unplaced.append(Unplaced(cand.source, f"cannot be read ({type(e).__name__}: {e})", si.folder))
+        else:
+            continue
+        placed = si.placed[chapter] = PlacedNotebook(chapter, folder / f"{chapter}.ipynb", cand.source)
+        if failed:
+            placed.notes.append(f"placed instead of the newer {', '.join(failed)}, which cannot be read")
+        data, note = to_utf8(data)
+        if note:
+            placed.notes.append(note)
+        try:
+            json.loads(data.decode("utf-8-sig"))
+        except ValueError as e:
+            placed.notes.append(f"not valid JSON ({type(e).__name__}); placed anyway: the grader "
+                                "reports it to the student")
+        writes.append((placed, data, cand.mtime))
+    return writes
+
+
+def place_submission(source, dest) -> tuple[StudentImport, list]:
+    """One student's hand-in as it is uploaded (Gradescope's /autograder/submission: notebooks,
+    zips of them, folders), placed the way `import` places a student's files: each chapter's
+    newest notebook written to DEST/<chapter>.ipynb (zips unpacked, names read with their copy
+    numbering, UTF-16 re-encoded). Returns what was placed (with choices) and what was not
+    ([Unplaced]). Symbolic links are not followed."""
+    source, dest = Path(source), Path(dest)
+    unplaced: list = []
+    with ExitStack() as stack:
+        root = _folder_tree(source, "", dest.resolve())
+        st = _Student("submission", "", "", folder="")
+        st.items = [(node, node.name, None) for node in _visible(root.children)]
+        si = StudentImport("", "", "")
+        writes = _read_chosen(_choose(_Importer("gradescope", stack), st, si, unplaced, "gradescope"), si, dest,
+                              unplaced)
+        dest.mkdir(parents=True, exist_ok=True)
+        for placed, data, mtime in writes:
+            placed.path.write_bytes(data)
+    return si, unplaced
 
 
 def _name_folders(students) -> None:
