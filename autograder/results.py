@@ -48,7 +48,7 @@ class TestResult:
         forbidden API's zero) is kept as it is."""
         n = len(self.cases)
         if n and self.max_score:
-            exact = self.max_score * self.passed / n
+            exact = self.max_score * (self.passed / n)  # (all passed: exactly max_score)
             if round(exact, 4) == self.score:
                 return exact
         return float(self.score)

@@ -99,6 +99,9 @@ def test_scores_are_summed_before_any_rounding(tmp_path):
     rows = gradebook.rows({"x": r})
     assert rows[2][rows[0].index("Total")] == "4.0"
     assert rows[2][rows[0].index(f"{CH1}: softmax")] == "4.0"
+    # full marks are the maximum exactly (1.6 * 7 / 7 is 1.6000000000000003 in floats)
+    for run in range(1, 40):
+        assert _test(CH1, "softmax", 1.6, run, run=run).exact_score == 1.6
     # a score grading set otherwise (a forbidden API's zero) is kept
     t = _test(CH1, "softmax", 1.0, 3)
     t.score = 0.0

@@ -36,17 +36,23 @@ CHECK_CALL = re.compile(r'check\(\s*"(?P<chapter>[^"]+)"\s*,\s*"(?P<exercise>[^"
 GRADE_CELL = '''from autograder.selfcheck import check
 check("{chapter}", "{exercise}", {obj}, raise_on_failure=False)'''
 
-CONFIG = '''from autograder.integrations.nbgrader import AUTOGRADE_PREPROCESSORS
+CONFIG = '''import os
+
+from autograder.integrations.nbgrader import AUTOGRADE_PREPROCESSORS, GENERATE_PREPROCESSORS
 
 c = get_config()
-c.CourseDirectory.root = {root!r}
+# The course is the folder this file is in (wherever it is moved or copied to).
+course = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.root = course
 c.CourseDirectory.course_id = "attention-course"
+# Written answers are released as `predict_x = ...`, as in the exercise notebooks.
+c.GenerateAssignment.preprocessors = GENERATE_PREPROCESSORS
 # Grades come from the sandboxed grader, never from the student's kernel (see
 # autograder/integrations/nbgrader.py): nbgrader's Execute step is replaced by SandboxedGrades.
 c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
 # What a student's code must never read, even where the sandbox is a uid of its own
 # (a container without namespaces): the whole course folder, submissions and gradebook included.
-c.SandboxedGrades.hide = [{root!r}]
+c.SandboxedGrades.hide = [course]
 '''
 
 
@@ -59,17 +65,27 @@ class SandboxedGrades(NbGraderPreprocessor):
     hide = List(Unicode(), help="folders a student's uid must not read in the container mode").tag(config=True)
 
     _grader = None
+    _graded: dict = {}  # (student, assignment) -> {chapter id: ChapterResult}: the current student's only
 
     def preprocess(self, nb, resources):
         name = resources["nbgrader"]["notebook"]
         chapter = chapter_for_filename(name + ".ipynb")
         if chapter is None:
             raise ValueError(f"{name}.ipynb is not a chapter notebook of this course")
-        result = self._grade(nb, chapter)
+        key = (resources["nbgrader"]["student"], resources["nbgrader"]["assignment"])
+        graded = SandboxedGrades._graded.get(key)
+        if graded is None or chapter.id not in graded:
+            graded = self._grade_student(nb, chapter, resources)
+            SandboxedGrades._graded = {key: graded}
+        result = graded.pop(chapter.id, None)  # (graded once: a second autograde run grades it again)
+        if result is None:
+            raise RuntimeError(f"{name}.ipynb: the grader did not grade it")
         tests: dict = {}
         for t in result.tests:
             tests.setdefault(t.exercise, []).append(t)
-        notes = [n for n in result.notes if not n.startswith("sandbox:")]
+        from ..report.gradescope import is_sandbox_note
+
+        notes = [n for n in result.notes if not is_sandbox_note(n)]
         for cell in nb.cells:
             meta = cell.get("metadata", {}).get("nbgrader", {})
             if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
@@ -80,9 +96,8 @@ class SandboxedGrades(NbGraderPreprocessor):
             notes = []  # (the notebook's own notes once, in its first grade cell)
         return nb, resources
 
-    def _grade(self, nb, chapter):
-        from ..grading import REFERENCES, Grader
-        from ..reference_store import persisted
+    def _grader_once(self):
+        from ..grading import Grader
         from ..sandbox import SandboxUnavailable, choose_mode
 
         if SandboxedGrades._grader is None:
@@ -93,12 +108,59 @@ class SandboxedGrades(NbGraderPreprocessor):
             if mode != "bubblewrap":
                 self.log.warning(note)
             SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox)
-        grader = SandboxedGrades._grader
-        with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp, \
-                persisted(REFERENCES, grader.seed, grader.quick):
-            path = Path(tmp) / f"{chapter.id}.ipynb"
-            nbformat.write(nb, path)
-            return grader.grade_notebook(path, chapter)
+        return SandboxedGrades._grader
+
+    def _grade_student(self, nb, chapter, resources) -> dict:
+        """Every chapter notebook this student submitted, graded at once as `batch` grades a
+        student (one warm sandbox, the chapters one after another, the student's time budget):
+        this notebook as nbgrader sanitized it, the others sanitized the same way here (a
+        notebook that cannot be is graded on its own when nbgrader reaches it)."""
+        from ..grading import REFERENCES
+        from ..reference_store import persisted
+
+        grader = self._grader_once()
+        with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp:
+            folder = Path(tmp)
+            nbformat.write(nb, folder / f"{chapter.id}.ipynb")
+            for other_id, other in self._siblings(chapter, resources):
+                nbformat.write(other, folder / f"{other_id}.ipynb")
+            with persisted(REFERENCES, grader.seed, grader.quick):
+                result = grader.grade_path(folder, jobs=1)
+        return {ch.chapter: ch for ch in result.chapters}
+
+    def _siblings(self, chapter, resources):
+        """(chapter id, sanitized notebook) of the student's other submitted notebooks that the
+        assignment has (nbgrader's own sanitize steps: cleared outputs, grade cells restored)."""
+        import copy
+
+        from nbgrader.converters.autograde import Autograde
+        from nbgrader.coursedir import CourseDirectory
+
+        info = resources["nbgrader"]
+        try:
+            coursedir = CourseDirectory(config=self.config)
+            submitted = Path(coursedir.format_path(coursedir.submitted_directory, info["student"], info["assignment"]))
+            source = Path(coursedir.format_path(coursedir.source_directory, ".", info["assignment"]))
+            steps = self.config.Autograde.get("sanitize_preprocessors") or \
+                Autograde.class_traits()["sanitize_preprocessors"].default()
+        except Exception as e:
+            self.log.warning("grading %s alone: %s", chapter.id, e)
+            return
+        for path in sorted(submitted.glob("*.ipynb")):
+            other = chapter_for_filename(path.name)
+            if other is None or other.id == chapter.id or path.stem != other.id or not (source / path.name).is_file():
+                continue
+            try:
+                other_nb = nbformat.read(path, as_version=4)
+                res = copy.deepcopy(resources)
+                res["nbgrader"]["notebook"] = path.stem
+                res["unique_key"] = path.stem
+                for step in steps:
+                    other_nb, res = step(parent=self)(other_nb, res)
+            except Exception as e:  # (nbgrader grades it on its own, and says what is wrong)
+                self.log.warning("%s: graded on its own (%s: %s)", path.name, type(e).__name__, e)
+                continue
+            yield other.id, other_nb
 
 
 def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[str]) -> list:
@@ -117,6 +179,22 @@ def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[s
     return [nbformat.v4.new_output("stream", name="stdout", text=printable(text) + "\n"),
             nbformat.v4.new_output("execute_result", data={"text/plain": repr(round(points, 4))},
                                    execution_count=None)]
+
+
+def _generate_preprocessors() -> list:
+    """nbgrader's generate_assignment steps, with ClearSolutionsAndAnswers where ClearSolutions was."""
+    from nbgrader.converters.generate_assignment import GenerateAssignment
+    from nbgrader.preprocessors import ClearSolutions
+
+    from .answer_stubs import ClearSolutionsAndAnswers
+
+    steps = GenerateAssignment.class_traits()["preprocessors"].default()
+    if ClearSolutions not in steps:
+        raise RuntimeError(f"nbgrader's generate_assignment steps have no ClearSolutions step to replace: {steps}")
+    return [ClearSolutionsAndAnswers if step is ClearSolutions else step for step in steps]
+
+
+GENERATE_PREPROCESSORS = _generate_preprocessors()
 
 
 def _autograde_preprocessors() -> list:
@@ -152,7 +230,7 @@ def make_course(course_dir, assignment: str = "attention", chapters=None) -> Pat
     course = Path(course_dir).resolve()
     src = course / "source" / assignment
     src.mkdir(parents=True, exist_ok=True)
-    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
+    (course / "nbgrader_config.py").write_text(CONFIG)
     for chapter in chapters or CHAPTERS:
         nbformat.write(source_notebook(chapter), src / f"{chapter}.ipynb")
     return course
