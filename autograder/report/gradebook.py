@@ -4,7 +4,7 @@ Layout (documented in the README, "The gradebook CSV"):
 
     Student, ID, SIS User ID, SIS Login ID, Section,     Canvas's five leading columns
     <chapter>..., <chapter>: <exercise>...,              points, numbers only
-    Total, Status, Notes                                 Total and the last two: read only
+    Total, Status, Notes                                 read only
     "    Points Possible" row: each graded column's maximum, "(read only)" where it is not a grade
 
 `Student` is the name and `ID` the LMS's student id where `python -m autograder import` wrote
@@ -89,7 +89,7 @@ def rows(results: dict[str, SubmissionResult], class_dir=None, names: dict | Non
     maxima = {c: float(CHAPTERS[c].points) for c in chapters}
     possible = ([POINTS_POSSIBLE, "", "", "", ""] + [_number(maxima[c]) for c in chapters]
                 + [_number(CHAPTERS[c].exercise(e).points) for c, e in exercises]
-                + [_number(sum(maxima.values())), READ_ONLY, READ_ONLY])
+                + [READ_ONLY, READ_ONLY, READ_ONLY])  # (Total: Canvas computes its own; not an assignment)
     names = _students(class_dir) if names is None else names
     imports = imported(class_dir) if imports is None else imports
     out = [header, possible]
