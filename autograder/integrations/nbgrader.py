@@ -115,6 +115,7 @@ class SandboxedGrades(NbGraderPreprocessor):
         student (one warm sandbox, the chapters one after another, the student's time budget):
         this notebook as nbgrader sanitized it, the others sanitized the same way here (a
         notebook that cannot be is graded on its own when nbgrader reaches it)."""
+        from ..batch import _grade_student
         from ..grading import REFERENCES
         from ..reference_store import persisted
 
@@ -124,9 +125,10 @@ class SandboxedGrades(NbGraderPreprocessor):
             nbformat.write(nb, folder / f"{chapter.id}.ipynb")
             for other_id, other in self._siblings(chapter, resources):
                 nbformat.write(other, folder / f"{other_id}.ipynb")
+            _, todo = grader.plan(folder)
             with persisted(REFERENCES, grader.seed, grader.quick):
-                result = grader.grade_path(folder, jobs=1)
-        return {ch.chapter: ch for ch in result.chapters}
+                chapters = _grade_student(grader, todo)  # (batch's own: its zygote, the student's budget)
+        return {ch.chapter: ch for ch in chapters}
 
     def _siblings(self, chapter, resources):
         """(chapter id, sanitized notebook) of the student's other submitted notebooks that the
