@@ -114,3 +114,20 @@ def test_the_class_report_lists_the_pair_and_changes_no_score(tmp_path):
     assert "ann and bo" in section and "cy" not in section
     saved = json.loads((out / "ann" / class_report.SAVED).read_text())
     assert saved["result"]["score"] == 0.0  # (what was saved is the grading's, untouched)
+
+
+def test_hostile_code_is_read_without_harm(tmp_path):
+    """Code too deep to parse, a huge exercise and a notebook that is not JSON flag nothing and
+    raise nothing; what is kept of one exercise is bounded."""
+    deep = "def scaled_dot_product_attention(q, k, v, mask=None):\n    return " + "(" * 20000 + "q" + ")" * 20000
+    huge = "def scaled_dot_product_attention(q, k, v, mask=None):\n" + "".join(
+        f"    x{i} = q + k * {i}\n" for i in range(20000)) + "    return x0, x1\n"
+    for name, text in (("deep", deep), ("huge", huge)):
+        nb = _notebook(tmp_path / name / f"{CH2}.ipynb", text)
+        assert [CH2, SDPA] not in class_report.identical_to_solutions([(CH2, nb)])
+        streams = similarity.fingerprints([(CH2, nb)])
+        assert len(streams.get(f"{CH2}: {SDPA}", "").split()) <= similarity.MAX_TOKENS
+    bad = tmp_path / "bad" / f"{CH2}.ipynb"
+    bad.parent.mkdir()
+    bad.write_text("{ not json")
+    assert similarity.fingerprints([(CH2, bad)]) == {} and class_report.identical_to_solutions([(CH2, bad)]) == []

@@ -11,6 +11,7 @@ Both grade on the same device plan (--device auto) and on the same warm referenc
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -21,11 +22,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+LOG: list[str] = []  # the last command's output
+
+
 def run(cmd: list[str], cwd=None) -> float:
     start = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if r.returncode not in (0,):
         sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    LOG[:] = [r.stdout + r.stderr]
     return time.perf_counter() - start
 
 
@@ -60,10 +65,12 @@ def main() -> int:
 
         batch = run(py + ["batch", str(cls), "--csv", str(tmp / "grades.csv"), "--no-progress", "--jobs", "1"])
         nbg = run(["nbgrader", "autograde", "attention", "--force"], cwd=course)
+    grading = sum(float(t) for t in re.findall(r"graded \S+'s \d+ notebooks in ([\d.]+) s", LOG[0]))
     n = len(students)
     print(f"class: {n} students x {len(chapters)} chapters ({', '.join(chapters)})")
     print(f"batch --jobs 1:     {batch:7.1f} s, {batch / n:6.1f} s per student")
     print(f"nbgrader autograde: {nbg:7.1f} s, {nbg / n:6.1f} s per student")
+    print(f"  of which grading: {grading:7.1f} s (SandboxedGrades), the rest nbgrader's own steps and start")
     print(f"nbgrader / batch:   {nbg / batch:.2f}x")
     return 0
 

@@ -75,8 +75,12 @@ class SandboxedGrades(NbGraderPreprocessor):
         key = (resources["nbgrader"]["student"], resources["nbgrader"]["assignment"])
         graded = SandboxedGrades._graded.get(key)
         if graded is None or chapter.id not in graded:
+            import time
+
+            start = time.perf_counter()
             graded = self._grade_student(nb, chapter, resources)
             SandboxedGrades._graded = {key: graded}
+            self.log.info("graded %s's %d notebooks in %.1f s", key[0], len(graded), time.perf_counter() - start)
         result = graded.pop(chapter.id, None)  # (graded once: a second autograde run grades it again)
         if result is None:
             raise RuntimeError(f"{name}.ipynb: the grader did not grade it")

@@ -27,6 +27,7 @@ from ..contract import CHAPTERS
 THRESHOLD = 0.9   # Jaccard index of the token 4-grams at or above which a pair is listed
 SHINGLE = 4
 MIN_TOKENS = 40   # (a one-line exercise: everyone's right answer looks the same)
+MAX_TOKENS = 20_000  # kept of one exercise (a student's huge cell must not make grading.json huge)
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -135,6 +136,8 @@ def tokens(node) -> list[str]:
         return []
     out = []
     for x in _preorder(n):
+        if len(out) >= MAX_TOKENS:
+            break
         kind = type(x).__name__
         label = (x.id if isinstance(x, ast.Name) else x.arg if isinstance(x, (ast.arg, ast.keyword))
                  else x.attr if isinstance(x, ast.Attribute) else repr(x.value)[:40] if isinstance(x, ast.Constant)
