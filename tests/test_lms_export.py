@@ -214,3 +214,13 @@ def _is_number(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def test_a_student_folder_named_like_a_formula_keeps_their_report_row(tmp_path):
+    """The CSV's ID cell of folder "=evil" is "'=evil"; the class report still finds the student
+    (their flags, their feedback link) from it."""
+    slow = _test(CH5, "causal_mask", 3.0, 1, aspect="timeout")
+    out = _class(tmp_path, {"=evil": _result("=evil", tests=[slow])}, "")
+    page = class_report.write(out).read_text(encoding="utf-8")
+    assert "href='%3Devil/feedback.html'" in page
+    assert "timed out in causal_mask" in page

@@ -129,7 +129,7 @@ def statistics_of(students: dict) -> dict:
     table = gradebook.rows(results, names=names, imports=imports)
     header, possible, body = table[0], table[1], table[2:]
     col = {h: i for i, h in enumerate(header)}
-    by_id = {names[s][1]: s for s in students}
+    by_id = {gradebook.cell(names[s][1]): s for s in students}  # (the CSV's own cell)
     total_max = sum(float(possible[col[c]]) for c in header if c in CHAPTERS)
     totals = [_float(r[col["Total"]]) for r in body if r[col["Status"]] == "ok" and r[col["Total"]] != ""]
 
