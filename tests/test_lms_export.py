@@ -88,6 +88,15 @@ def test_canvas_has_its_five_leading_columns_a_points_row_and_only_the_chosen_co
     assert len(per_exercise[0]) == 5 + len(CHAPTERS[CH1].exercises) + len(CHAPTERS[CH5].exercises)
     for row in per_exercise[2:]:
         assert all(c == "" or float(c) >= 0 for c in row[5:])
+    # a chapter not handed in: blank cells (as in the grades CSV), never zeros that look graded
+    missing = _class(tmp_path / "m", {"eve": _result("eve")}, "eve,canvas,Canvas user id,1005,Eve,,\n")
+    saved = class_report.load(missing)[0]["eve"]["result"]
+    saved.chapters[1].notebook = None
+    class_report.save(missing, "eve", saved)
+    for which in ("chapters", "exercises"):
+        table = _read(lms_export.export(missing, "canvas", tmp_path / f"m-{which}.csv", which)[0])
+        cells = dict(zip(table[0], table[2]))
+        assert all(v == "" for h, v in cells.items() if CH5 in h) and any(v for h, v in cells.items() if CH1 in h)
 
 
 def test_scores_are_summed_before_any_rounding(tmp_path):

@@ -84,17 +84,15 @@ def columns(students: list[Student], which: str, name: str = DEFAULT_NAME) -> li
     """(header, points possible, score of a result or None) of each grade column."""
     chapters = _chapters(students)
 
+    def graded(r, c):  # (a chapter not handed in or not readable: blank, as in the grades CSV)
+        ch = next((x for x in r.chapters if x.chapter == c), None)
+        return None if ch is None or ch.notebook is None or ch.not_graded else ch
+
     def chapter_score(c):
-        def score(r):
-            ch = next((x for x in r.chapters if x.chapter == c), None)
-            return None if ch is None or ch.notebook is None or ch.not_graded else ch.score
-        return score
+        return lambda r: None if (ch := graded(r, c)) is None else ch.score
 
     def exercise_score(c, e):
-        def score(r):
-            ch = next((x for x in r.chapters if x.chapter == c), None)
-            return sum(t.exact_score for t in ch.tests if t.exercise == e) if ch else None
-        return score
+        return lambda r: None if (ch := graded(r, c)) is None else sum(t.exact_score for t in ch.tests if t.exercise == e)
 
     if which == "total":
         return [(name, sum(CHAPTERS[c].points for c in chapters), lambda r: r.score)]
