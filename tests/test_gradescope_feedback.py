@@ -93,3 +93,18 @@ def test_a_zip_in_the_submission_is_unpacked_and_a_missing_chapter_scores_zero(t
     assert f"{CH2}" in out and "not handed in" in out
     assert any(t["visibility"] == "after_published" for t in data["tests"])
     assert "sandbox" not in out.lower() and "sandbox" in capsys.readouterr().out
+
+
+def test_a_symlink_in_the_submission_is_not_followed(tmp_path):
+    """A student links the grader's own solution notebook into the upload: placing it refuses
+    the link (it is graded as not handed in), and says why."""
+    from autograder.lms_import import place_submission
+
+    sub = tmp_path / "submission"
+    sub.mkdir()
+    (sub / f"{CH1}.ipynb").symlink_to(REPO / "solutions" / f"{CH1}.ipynb")
+    (sub / "more").symlink_to(REPO / "solutions", target_is_directory=True)
+    placed, unplaced = place_submission(sub, tmp_path / "placed")
+    assert placed.placed == {} and not list((tmp_path / "placed").glob("*.ipynb"))
+    why = {u.source: u.reason for u in unplaced}
+    assert "symbolic link" in why[f"{CH1}.ipynb"]
