@@ -15,7 +15,7 @@ from . import forkserver
 from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
 from .report import class_report, gradebook, gradescope, html
-from .report.spreadsheet import safe_cell
+from .report.csv_safe import row as safe_row
 from .report.text import plural
 from .results import ChapterResult, SubmissionResult
 from .sandbox import SandboxMode, SandboxPool, choose_mode
@@ -202,7 +202,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     Nothing is lost (`Journal`): each student's result goes to CSV_PATH.journal, and with
     `out_dir` their reports and saved results to out_dir/<student>/, as soon as they are graded;
     a run that stops half-way is resumed from the journal by the next run with the same CSV.
-    The CSV (every cell `report.spreadsheet.safe_cell`) and the class report are written at the
+    The CSV (every cell `report.csv_safe.cell`) and the class report are written at the
     end, whole or not at all (`atomic`), keeping the rows of students this run did not grade; a
     run with nothing gradable writes nothing. `in_process`: grade in this process, without the
     watchdog (tests)."""
@@ -248,13 +248,14 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     results: dict[str, SubmissionResult] = {}
     bar = tqdm(total=len(plans), desc="grading", unit="student", disable=not progress)
 
-    def done(name: str, chapter_results: list, identical=None) -> None:
+    def done(name: str, chapter_results: list, source=None) -> None:
         result, todo = plans[name]
         results[name] = r = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
-        identical = list(identical or [])
+        source = source if isinstance(source, dict) else {}
+        identical = [list(x) for x in source.get("identical") or []]
         journal.add(name, prints[name], r, identical)
         if out_dir:
-            _write_reports(Path(out_dir), name, r, class_dir, identical)
+            _write_reports(Path(out_dir), name, r, class_dir, identical, source.get("code") or {})
         bar.set_postfix_str(printable(name))  # (a folder's name is the student's text)
         bar.update()
 
@@ -275,7 +276,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
                 chapter_results = _grade_student(grader, todo)
             except Exception as e:
                 chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in todo]
-            done(name, chapter_results, _identical(todo))
+            done(name, chapter_results, _source_flags(todo))
     else:
         _run_all(grader, work, jobs, chapters, done)
     bar.close()
@@ -295,7 +296,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     return dict(sorted(results.items()))
 
 
-def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identical) -> None:
+def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identical, code: dict) -> None:
     """out/<student>/: results.json, feedback.html and grading.json (the class report's), each
     written whole (`atomic`) as soon as the student is graded."""
     import json
@@ -304,15 +305,25 @@ def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identic
 
     atomic.write_text(out / name / "results.json", json.dumps(gradescope.results_json(r), indent=2))
     atomic.write_text(out / name / "feedback.html", html.render(r))
-    class_report.save(out, name, r, class_dir, identical)
+    class_report.save(out, name, r, class_dir, identical, code)
 
 
-def _identical(todo) -> list:
-    """The identical-to-solution flags, where the student's notebooks are parsed (the worker)."""
+def _source_flags(todo) -> dict:
+    """What the class report reads from the student's code, computed where their notebooks are
+    parsed (the worker, under the watchdog): the identical-to-solution flags ("identical") and
+    the normalised token streams for comparing students ("code", `report.similarity`)."""
+    from .report import similarity
+
+    flags: dict = {"identical": [], "code": {}}
     try:
-        return class_report.identical_to_solutions(todo)
+        flags["identical"] = class_report.identical_to_solutions(todo)
     except Exception:
-        return []
+        pass
+    try:
+        flags["code"] = similarity.fingerprints(todo)
+    except Exception:
+        pass
+    return flags
 
 
 MAX_ROUNDS = 3  # times a student is graded again after a worker process died under them
@@ -344,7 +355,7 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
     except Exception as e:
         chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
     data = {"chapters": [_capped_plain(SubmissionResult("", [c]).to_plain()["chapters"][0]) for c in chapters],
-            "identical": _identical(todo)}
+            "source": _source_flags(todo)}
     atomic.write_text(os.path.join(spool, key + ".json"), _shrunk(data))
     return key
 
@@ -389,8 +400,8 @@ def _shrunk(data: dict) -> str:
     return text
 
 
-def _read_result(spool: str, key: str, todo: list, grader: Grader) -> tuple[list, list]:
-    """(chapter results, identical flags) a worker left in spool/key.json."""
+def _read_result(spool: str, key: str, todo: list, grader: Grader) -> tuple[list, dict]:
+    """(chapter results, source flags: `_source_flags`) a worker left in spool/key.json."""
     import json
 
     path = os.path.join(spool, key + ".json")
@@ -400,7 +411,8 @@ def _read_result(spool: str, key: str, todo: list, grader: Grader) -> tuple[list
         raise ValueError("the student's result is larger than the batch accepts")
     data = json.loads(raw)
     chapters = SubmissionResult.from_plain({"path": "", "chapters": data["chapters"]}).chapters
-    return chapters, [list(x) for x in data.get("identical", [])]
+    source = data.get("source")
+    return chapters, source if isinstance(source, dict) else {}
 
 
 def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
@@ -440,7 +452,7 @@ def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
                             todo = pending[name]
                             try:
                                 fut.result()
-                                chapter_results, identical = _read_result(spool, keys[name], todo, grader)
+                                chapter_results, source = _read_result(spool, keys[name], todo, grader)
                             except BrokenProcessPool as e:  # a worker died: graded again, below
                                 if name in killed:
                                     why = RuntimeError(killed[name])
@@ -449,8 +461,8 @@ def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
                                     failed[name] = e
                                 continue
                             except Exception as e:  # the grader failed on this student: their error
-                                chapter_results, identical = [grader.failed_chapter(c, nb, e) for c, nb in todo], []
-                            done(name, chapter_results, identical)
+                                chapter_results, source = [grader.failed_chapter(c, nb, e) for c, nb in todo], {}
+                            done(name, chapter_results, source)
                         now = time.monotonic()
                         for fut in waiting:  # the watchdog
                             name = futures[fut]
@@ -476,8 +488,8 @@ def _run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
 
 def _cells(rows: list[list]) -> list[list[str]]:
     """Every cell of the gradebook as written: student text shown (`printable`) and never a
-    spreadsheet formula (`spreadsheet.safe_cell`)."""
-    return [[safe_cell(printable(str(c))) for c in row] for row in rows]
+    spreadsheet formula (`csv_safe.row`)."""
+    return [safe_row(row) for row in rows]
 
 
 def write_csv(results: dict[str, SubmissionResult], path, class_dir=None, keep_others: bool = False,

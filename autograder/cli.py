@@ -109,12 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", type=Path, default=None,
                    help="folder for the merged per-student reports and the class report")
 
+    x = sub.add_parser("export", help="write the gradebook file an LMS imports (Canvas, Moodle) from `batch --out`",
+                       description="Write the grades of a class graded with `batch --out DIR` in the layout an LMS "
+                                   "imports as it is: canvas (Canvas's gradebook import), moodle (the assignment's "
+                                   "grading worksheet where the class came from a Moodle download, else Moodle's "
+                                   "gradebook CSV import by email or ID number) or plain (the grades CSV).")
+    x.add_argument("out_dir", type=Path, metavar="DIR", help="the --out folder of `batch`")
+    x.add_argument("--lms", choices=["canvas", "moodle", "plain"], required=True)
+    x.add_argument("--columns", choices=["total", "chapters", "exercises"], default=None,
+                   help="the grade columns (canvas, moodle): one total (default), one per chapter or one per "
+                        "exercise; each is an assignment (Canvas) or grade item (Moodle) of that name")
+    x.add_argument("--name", default=None, metavar="NAME",
+                   help="the assignment's name in the LMS, the grade columns' prefix (default: "
+                        "'Attention course autograder'); Canvas matches an existing assignment by 'Name (id)'")
+    x.add_argument("--csv", type=Path, default=None, metavar="FILE", help="where to write it (default: DIR/<lms>.csv)")
+
     z = sub.add_parser("gradescope-zip", help="write the Gradescope autograder zip",
                        description="Write autograder.zip (setup.sh, run_autograder, the grader and the "
                                    "reference solutions) for a Gradescope programming assignment.")
     z.add_argument("output", type=Path, nargs="?", default=Path("autograder.zip"))
     z.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
-                   help="chapters the assignment grades (missing notebooks score zero)")
+                   help="chapters the assignment grades (default: all; a chapter not handed in scores zero)")
+    z.add_argument("--hide-answers", action="store_true",
+                   help="show the written answers' results (and so the total) only when the grades are "
+                        "published (Gradescope's after_published)")
     z.add_argument("--seed", type=int, default=None,
                    help="the course's secret input seed (default: $AUTOGRADER_SEED, else a new random one, "
                         "stored in the zip)")
@@ -161,9 +179,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote {args.csv} ({plural(n, 'student')} from {plural(len(args.csvs), 'shard')})")
         return 0
+    if args.command == "export":
+        from .report import lms_export
+        path = args.csv or args.out_dir / f"{args.lms}.csv"
+        try:
+            written, tell = lms_export.export(args.out_dir, args.lms, path, args.columns,
+                                              args.name or lms_export.DEFAULT_NAME)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for line in tell:
+            print(f"note: {line}", file=sys.stderr)
+        print(f"wrote {written}")
+        return 0
     if args.command == "gradescope-zip":
         from .integrations.gradescope import build_zip
-        build_zip(args.output, chapters=args.chapters, seed=args.seed)
+        build_zip(args.output, chapters=args.chapters, seed=args.seed, hide_answers=args.hide_answers)
         print(f"wrote {args.output}")
         return 0
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from .contract import CHAPTER_IDS, CHAPTERS, chapter_for_filename
+from .report.csv_safe import cell
 
 LMS_NAMES = {"canvas": "Canvas", "moodle": "Moodle", "gradescope": "Gradescope"}
 ID_KINDS = {"canvas": "Canvas user id", "moodle": "Moodle participant id", "gradescope": "Gradescope SID"}
@@ -51,6 +52,7 @@ MAX_ZIP_DEPTH = 3           # zips inside zips inside the export
 MAX_STUDENT_ZIP_BYTES = 256 << 20  # a student's zips, unpacked to temporary files (not memory), in all
 REPORT_FILE = "import_report.txt"
 STUDENTS_CSV = "students.csv"
+LATE_NOTE = "LATE: Canvas marked the submission late"
 
 # Files that operating systems add to folders and zips: never a student's work, never listed.
 _JUNK = re.compile(r"^(__MACOSX|\.DS_Store|Thumbs\.db|desktop\.ini|\._.*)$", re.IGNORECASE)
@@ -437,8 +439,8 @@ def _canvas(top: list, col: _Collector) -> None:
                            "<file name>): whose it is is unknown")
             continue
         s = col.student(m["uid"], m["name"])
-        if m["late"] and "Canvas marked the submission late" not in s.notes:
-            s.notes.append("Canvas marked the submission late")
+        if m["late"] and LATE_NOTE not in s.notes:
+            s.notes.append(LATE_NOTE)
         order = int(m["sid"]) if "sid" in m.groupdict() else None
         s.items.append((node, m["orig"], order))
 
@@ -793,16 +795,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
         for st in sorted(col.students.values(), key=lambda s: s.folder):
             si = report.students[st.folder] = StudentImport(st.folder, st.key, st.name, st.id_kind,
                                                             st.email, notes=list(st.notes))
-            cands = importer.files(st, report.unplaced)
-            chosen = {}
-            for chapter in (c for c in CHAPTERS if any(x.chapter == c for x in cands)):
-                mine = [x for x in cands if x.chapter == chapter]
-                if len(mine) > 1:
-                    mine, why = _newest(mine, found)
-                    si.choices.append(Choice(st.folder, chapter, mine[0].source, [x.source for x in mine[1:]],
-                                             why))
-                chosen[chapter] = mine  # the newest first
-            plan.append((st, chosen, si))
+            plan.append((st, _choose(importer, st, si, report.unplaced, found), si))
 
         existing = report.existing = [st.folder for st, _, _ in plan if (dest / st.folder).exists()]
         if existing and not force and not dry_run:
@@ -812,31 +805,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
                                     "replace those folders")
         writes = []  # (PlacedNotebook, bytes, file time)
         for st, chosen, si in plan:
-            for chapter, ranked in chosen.items():
-                failed = []
-                for cand in ranked:  # the newest that can be read
-                    try:
-                        data = cand.read()
-                        break
-                    except Exception as e:
-                        failed.append(cand.source)
-                        report.unplaced.append(Unplaced(cand.source, f"cannot be read ({type(e).__name__}: "
-                                                                     f"{e})", st.folder))
-                else:
-                    continue
-                placed = si.placed[chapter] = PlacedNotebook(chapter, dest / st.folder / f"{chapter}.ipynb",
-                                                             cand.source)
-                if failed:
-                    placed.notes.append(f"placed instead of the newer {', '.join(failed)}, which cannot be read")
-                data, note = to_utf8(data)
-                if note:
-                    placed.notes.append(note)
-                try:
-                    json.loads(data.decode("utf-8-sig"))
-                except ValueError as e:
-                    placed.notes.append(f"not valid JSON ({type(e).__name__}); placed anyway: the grader "
-                                        "reports it to the student")
-                writes.append((placed, data, cand.mtime))
+            writes += _read_chosen(chosen, si, dest / st.folder, report.unplaced)
         if dry_run:
             return report
         dest.mkdir(parents=True, exist_ok=True)
@@ -855,6 +824,69 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
         report.written = True
         (dest / REPORT_FILE).write_text(report.summary() + "\n", encoding="utf-8")
         return report
+
+
+def _choose(importer: _Importer, st: _Student, si: StudentImport, unplaced: list, lms: str) -> dict:
+    """chapter -> the student's notebooks for it, the newest first (`si.choices` says why)."""
+    cands = importer.files(st, unplaced)
+    chosen = {}
+    for chapter in (c for c in CHAPTERS if any(x.chapter == c for x in cands)):
+        mine = [x for x in cands if x.chapter == chapter]
+        if len(mine) > 1:
+            mine, why = _newest(mine, lms)
+            si.choices.append(Choice(st.folder, chapter, mine[0].source, [x.source for x in mine[1:]], why))
+        chosen[chapter] = mine
+    return chosen
+
+
+def _read_chosen(chosen: dict, si: StudentImport, folder: Path, unplaced: list) -> list:
+    """(PlacedNotebook, UTF-8 bytes, file time) of each chapter's newest readable notebook."""
+    writes = []
+    for chapter, ranked in chosen.items():
+        failed = []
+        for cand in ranked:  # the newest that can be read
+            try:
+                data = cand.read()
+                break
+            except Exception as e:
+                failed.append(cand.source)
+                unplaced.append(Unplaced(cand.source, f"cannot be read ({type(e).__name__}: {e})", si.folder))
+        else:
+            continue
+        placed = si.placed[chapter] = PlacedNotebook(chapter, folder / f"{chapter}.ipynb", cand.source)
+        if failed:
+            placed.notes.append(f"placed instead of the newer {', '.join(failed)}, which cannot be read")
+        data, note = to_utf8(data)
+        if note:
+            placed.notes.append(note)
+        try:
+            json.loads(data.decode("utf-8-sig"))
+        except ValueError as e:
+            placed.notes.append(f"not valid JSON ({type(e).__name__}); placed anyway: the grader "
+                                "reports it to the student")
+        writes.append((placed, data, cand.mtime))
+    return writes
+
+
+def place_submission(source, dest) -> tuple[StudentImport, list]:
+    """One student's hand-in as it is uploaded (Gradescope's /autograder/submission: notebooks,
+    zips of them, folders), placed the way `import` places a student's files: each chapter's
+    newest notebook written to DEST/<chapter>.ipynb (zips unpacked, names read with their copy
+    numbering, UTF-16 re-encoded). Returns what was placed (with choices) and what was not
+    ([Unplaced]). Symbolic links are not followed."""
+    source, dest = Path(source), Path(dest)
+    unplaced: list = []
+    with ExitStack() as stack:
+        root = _folder_tree(source, "", dest.resolve())
+        st = _Student("submission", "", "", folder="")
+        st.items = [(node, node.name, None) for node in _visible(root.children)]
+        si = StudentImport("", "", "")
+        writes = _read_chosen(_choose(_Importer("gradescope", stack), st, si, unplaced, "gradescope"), si, dest,
+                              unplaced)
+        dest.mkdir(parents=True, exist_ok=True)
+        for placed, data, mtime in writes:
+            placed.path.write_bytes(data)
+    return si, unplaced
 
 
 def _name_folders(students) -> None:
@@ -886,12 +918,22 @@ def _write_students_csv(report: ImportReport) -> None:
             rows = {}
     for s in report.students.values():
         rows[s.folder] = {"student": s.folder, "lms": report.lms, "id_kind": s.id_kind, "lms_id": s.lms_id,
-                          "name": s.name, "email": s.email, "notes": "; ".join(s.notes)}
+                          "name": s.name, "email": s.email, "notes": "; ".join(gradebook_notes(report, s))}
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for name in sorted(rows):
-            w.writerow(rows[name])
+            w.writerow({k: cell(v) for k, v in rows[name].items()})  # (names are the students' text)
+
+
+def gradebook_notes(report: ImportReport, s: StudentImport) -> list[str]:
+    """What the gradebook's Notes and the class report say of this student's import: the LMS's
+    notes (LATE, a group), the zips their placed notebooks were unpacked from, and every file of
+    theirs that was not placed, with the reason."""
+    zips = sorted({p.source[:p.source.lower().index(".zip/") + 4] for p in s.placed.values()
+                   if ".zip/" in p.source.lower()})
+    return (list(s.notes) + [f"unpacked {z}" for z in zips]
+            + [f"not placed: {u.source} ({u.reason})" for u in report.unplaced if u.student == s.folder])
 
 
 def read_students_csv(dest) -> dict[str, dict]:

@@ -41,6 +41,19 @@ class TestResult:
         return sum(c.passed for c in self.cases)
 
     @property
+    def exact_score(self) -> float:
+        """The score at full precision. Grading stores `score` rounded to 4 decimals (what the
+        reports show: 2 of 3 cases of 1 point is 0.6667); sums (chapter, student, gradebook)
+        use this instead, so rounding happens once, after summing. A score set otherwise (a
+        forbidden API's zero) is kept as it is."""
+        n = len(self.cases)
+        if n and self.max_score:
+            exact = self.max_score * (self.passed / n)  # (all passed: exactly max_score)
+            if round(exact, 4) == self.score:
+                return exact
+        return float(self.score)
+
+    @property
     def first_failure(self) -> CaseResult | None:
         return next((c for c in self.cases if not c.passed), None)
 
@@ -71,7 +84,7 @@ class ChapterResult:
 
     @property
     def score(self) -> float:
-        return sum(t.score for t in self.tests)
+        return sum(t.exact_score for t in self.tests)
 
     @property
     def max_score(self) -> float:

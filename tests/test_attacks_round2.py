@@ -277,7 +277,7 @@ def test_a_run_killed_half_way_loses_nothing_and_is_resumed(tmp_path):
 
 # ----------------------------------------------------------------------------- 27.7, 27.8
 def test_safe_cell():
-    from autograder.report.spreadsheet import safe_cell
+    from autograder.report.csv_safe import cell as safe_cell
 
     for text in ("=1+1", "+1+1", "-1+cmd|' /C calc'!A0", "@SUM(A1)", "\t=1", "\r=1"):
         assert safe_cell(text) == "'" + text

@@ -80,6 +80,12 @@ def test_nbgrader_round_trip_agrees_with_our_grader_and_a_patched_kernel_changes
     assert sorted(p.name for p in release.glob("*.ipynb")) == [f"{c}.ipynb" for c in CHAPTERS_USED]
     released = (release / "02_scaled_dot_product_attention.ipynb").read_text()
     assert "HIDDEN TESTS" not in released and "NotImplementedError" in released
+    # a written answer is released as the exercise notebooks have it: `predict_x = ...`
+    answer = next(c for c in nbformat.read(release / "02_scaled_dot_product_attention.ipynb", as_version=4).cells
+                  if c.metadata.get("nbgrader", {}).get("grade_id") == "predict_equal_keys_output")
+    assert answer.source.startswith("predict_equal_keys_output = ...") and "raise" not in answer.source
+    # the config names no absolute path: the course folder can be moved
+    assert str(course) not in (course / "nbgrader_config.py").read_text()
 
     students = {"good": course / "source" / "attention", "stub": release, "buggy": course / "source" / "attention",
                 "forger": release}

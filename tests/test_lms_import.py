@@ -96,7 +96,7 @@ def test_a_flat_canvas_download_gives_a_folder_per_student(tmp_path):
     assert (cls / "jonesbob_1002" / f"{CH5}.ipynb").read_bytes() == STUB
     assert (cls / "smithErin_1234" / f"{CH4}.ipynb").read_bytes() == notebook(CH4)
     assert report.student("1234").placed[CH4].source == "smithErin_1234_5678_04_Positional_Encoding-2.ipynb"
-    assert report.student("1002").notes == ["Canvas marked the submission late"]
+    assert report.student("1002").notes == ["LATE: Canvas marked the submission late"]
     assert report.student("1002").id_kind == "Canvas user id"
 
     # the re-submission pair: the later one, and the output says why
@@ -137,7 +137,7 @@ def test_a_flat_canvas_download_gives_a_folder_per_student(tmp_path):
     assert set(rows) == set(report.students)
     assert rows["jonesbob_1002"] == {"student": "jonesbob_1002", "lms": "canvas", "id_kind": "Canvas user id",
                                          "lms_id": "1002", "name": "jonesbob", "email": "",
-                                         "notes": "Canvas marked the submission late"}
+                                         "notes": "LATE: Canvas marked the submission late"}
     summary = (cls / "import_report.txt").read_text()
     assert "kimdan_1004  1004  kimdan: no gradable notebook (an empty folder: batch scores it zero)" in summary
     assert "chose leeann_1003_5020_05_masks-2.ipynb over leeann_1003_5010_05_masks-1.ipynb" in summary

@@ -35,10 +35,12 @@ from nbgrader.preprocessors import (
     ClearHiddenTests,
     ClearMarkScheme,
     ClearOutput,
-    ClearSolutions,
     ComputeChecksums,
     LockCells,
 )
+
+# (the answer cells' stub, shared with the nbgrader course's generate_assignment)
+from autograder.integrations.answer_stubs import ANSWER_PREFIX, ClearSolutionsAndAnswers, answer_stub  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
@@ -83,35 +85,6 @@ def marker_problems(nb, name: str = "notebook") -> list[str]:
         if has_solution and not nbgrader_utils.is_solution(cell):
             problems.append(f"{where}: solution markers in a cell that is not an nbgrader solution cell")
     return problems
-
-
-ANSWER_PREFIX = "predict_"  # grade_id of a "predict the output" answer cell (contract kind "answer")
-
-
-def answer_stub(cell) -> str | None:
-    """The stub of a "predict the output" cell: `name = ...` for each name its solution assigns
-    (so the exercise notebook runs, and the self-check says "not answered yet"); None for other cells."""
-    grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-    if cell.cell_type != "code" or not grade_id.startswith(ANSWER_PREFIX):
-        return None
-    names = re.findall(r"^(\w+)\s*=", cell.source, flags=re.M)
-    return "\n".join(f"{name} = ...  # YOUR ANSWER HERE" for name in dict.fromkeys(names)) or None
-
-
-class ClearSolutionsAndAnswers(ClearSolutions):
-    """nbgrader's ClearSolutions, with `name = ...` rather than `raise NotImplementedError()` as the
-    stub of an answer cell: a top-level raise would stop the notebook there."""
-
-    def preprocess_cell(self, cell, resources, index):
-        stub = answer_stub(cell)
-        if stub is None:
-            return super().preprocess_cell(cell, resources, index)
-        saved = dict(self.code_stub)
-        self.code_stub = {**saved, "python": stub}
-        try:
-            return super().preprocess_cell(cell, resources, index)
-        finally:
-            self.code_stub = saved
 
 
 class TagSelfChecks(Preprocessor):

@@ -60,7 +60,7 @@ mkdir -p "$ROOT/results"
 chmod -R go-rwx "$ROOT/source" "$ROOT/results" 2>/dev/null || true
 export PYTHONPATH="$ROOT/source${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT/source"
-exec "$PY" -m autograder.integrations.gradescope "$ROOT" __CHAPTERS__
+exec "$PY" -m autograder.integrations.gradescope "$ROOT" __CHAPTERS__ __OPTIONS__
 """
 
 PACKAGE_FILES = ("pyproject.toml",)
@@ -69,11 +69,14 @@ PACKAGE_FILES = ("pyproject.toml",)
 CACHE_FOLDER = "reference-cache"
 
 
-def build_zip(output, chapters: list[str] | None = None, seed: int | None = None) -> Path:
+def build_zip(output, chapters: list[str] | None = None, seed: int | None = None,
+              hide_answers: bool = False) -> Path:
     """Write the Gradescope autograder zip: setup.sh, run_autograder, the grader, the solutions,
     and the reference outcomes of these chapters (`reference_store`), computed here once
     instead of in every submission's fresh container (used there when its torch is the same
-    version; otherwise computed there as usual)."""
+    version; otherwise computed there as usual). The assignment grades `chapters` (every
+    chapter where None), a chapter not handed in at zero; with `hide_answers`, the written
+    answers' results are shown when the grades are published (`report.gradescope`)."""
     from ..inputs import PublicSeed, course_seed, new_seed
 
     try:  # (the course's seed where the instructor gives one, else one made for this zip)
@@ -90,7 +93,8 @@ def build_zip(output, chapters: list[str] | None = None, seed: int | None = None
 
         others = " ".join(f'"{d}"' for d in grader_dependencies() if not d.startswith("torch=="))
         add_text("setup.sh", SETUP_SH.replace("__TORCH__", torch_requirement()).replace("__DEPENDENCIES__", others))
-        add_text("run_autograder", RUN_AUTOGRADER.replace("__CHAPTERS__", ",".join(chapters or [])))
+        add_text("run_autograder", RUN_AUTOGRADER.replace("__CHAPTERS__", ",".join(chapters or ["all"]))
+                 .replace("__OPTIONS__", "--hide-answers" if hide_answers else ""))
         add_text("course-seed", f"{seed}\n", mode=0o600)
         for f in sorted((REPO_DIR / "autograder").rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
@@ -144,9 +148,18 @@ def copy_without_links(src: Path, dst: Path) -> list[str]:
     return notes
 
 
-def run(root, chapters: list[str] | None = None) -> dict:
-    """Grade <root>/submission into <root>/results/results.json; always writes a results file."""
+def run(root, chapters: list[str] | None = None, hide_answers: bool = False) -> dict:
+    """Grade <root>/submission into <root>/results/results.json; always writes a results file.
+    The submission is copied without following links (`copy_without_links`), then placed as
+    `import` places a student's files (zips unpacked, each chapter's newest notebook under its
+    chapter's name: `lms_import.place_submission`); every chapter of the assignment
+    (`chapters`, else all) is graded, one not handed in at zero. The instructor's notes
+    (sandbox, flags) go to stdout, which Gradescope shows instructors only."""
+    import tempfile
+
+    from ..contract import CHAPTERS
     from ..grading import REFERENCES, Grader
+    from ..lms_import import place_submission
     from ..reference_store import persisted
     from ..report import gradescope
 
@@ -156,13 +169,16 @@ def run(root, chapters: list[str] | None = None) -> dict:
     start = time.perf_counter()
     try:
         grader = Grader()  # (the seed: the zip's own course-seed, which run_autograder exports)
-        with persisted(REFERENCES, grader.seed, grader.quick), \
-                tempfile.TemporaryDirectory(prefix="autograder-submission-") as tmp:
-            copy = Path(tmp) / "submission"
-            skipped = copy_without_links(root / "submission", copy)
-            result = grader.grade_path(copy, chapters=chapters or None)
-            result.notes[:0] = skipped
-        data = gradescope.results_json(result)
+        with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
+            skipped = copy_without_links(root / "submission", Path(tmp) / "raw")
+            placed, unplaced = place_submission(Path(tmp) / "raw", Path(tmp) / "submission")
+            with persisted(REFERENCES, grader.seed, grader.quick):
+                result = grader.grade_path(Path(tmp) / "submission", chapters=chapters or list(CHAPTERS))
+        result.path = "submission"
+        result.notes = skipped + _placing_notes(placed, unplaced) + [
+            n for n in result.notes if "not a chapter notebook" not in n]  # (placing said which and why)
+        data = gradescope.results_json(result, hide_answers)
+        print(gradescope.instructor_output(result))
     except Exception:  # the results file is written whatever happens
         data = {"score": 0.0, "execution_time": round(time.perf_counter() - start, 2),
                 "output": "The autograder failed on this submission; please tell your instructor.\n"
@@ -172,8 +188,18 @@ def run(root, chapters: list[str] | None = None) -> dict:
     return data
 
 
+def _placing_notes(placed, unplaced) -> list[str]:
+    """What placing the submission did that the student should know: zips unpacked, a chapter
+    handed in twice, files not graded."""
+    zips = sorted({p.source[:p.source.lower().index(".zip/") + 4] for p in placed.placed.values()
+                   if ".zip/" in p.source.lower()})
+    return ([f"unpacked {z}" for z in zips] + [c.describe().strip() for c in placed.choices]
+            + [f"{p.chapter}: {n}" for p in placed.placed.values() for n in p.notes]
+            + [f"not graded: {u.source} ({u.reason})" for u in unplaced])
+
+
 if __name__ == "__main__":
     root = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("AUTOGRADER_ROOT", "/autograder")
-    chosen = [c for c in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if c]
-    out = run(root, chosen)
+    chosen = [c for c in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if c and c != "all"]
+    out = run(root, chosen, hide_answers="--hide-answers" in sys.argv[3:])
     print(f"score {out['score']} written to {Path(root) / 'results' / 'results.json'}")

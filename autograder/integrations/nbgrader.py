@@ -37,19 +37,25 @@ CHECK_CALL = re.compile(r'check\(\s*"(?P<chapter>[^"]+)"\s*,\s*"(?P<exercise>[^"
 GRADE_CELL = '''from autograder.selfcheck import check
 check("{chapter}", "{exercise}", {obj}, raise_on_failure=False)'''
 
-CONFIG = '''from autograder.integrations.nbgrader import AUTOGRADE_PREPROCESSORS
+CONFIG = '''import os
+
+from autograder.integrations.nbgrader import AUTOGRADE_PREPROCESSORS, GENERATE_PREPROCESSORS
 
 c = get_config()
-c.CourseDirectory.root = {root!r}
+# The course is the folder this file is in (wherever it is moved or copied to).
+course = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.root = course
 c.CourseDirectory.course_id = "attention-course"
+# Written answers are released as `predict_x = ...`, as in the exercise notebooks.
+c.GenerateAssignment.preprocessors = GENERATE_PREPROCESSORS
 # Grades come from the sandboxed grader, never from the student's kernel (see
 # autograder/integrations/nbgrader.py): nbgrader's Execute step is replaced by SandboxedGrades.
 c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
 # What a student's code must never read, even where the sandbox is a uid of its own
 # (a container without namespaces): the whole course folder, submissions and gradebook included.
-c.SandboxedGrades.hide = [{root!r}]
+c.SandboxedGrades.hide = [course]
 # The course's secret input seed (made once with the course: the built-in one is public).
-c.SandboxedGrades.seed = {seed!r}
+c.SandboxedGrades.seed = __SEED__
 '''
 
 
@@ -63,19 +69,31 @@ class SandboxedGrades(NbGraderPreprocessor):
     seed = Integer(None, allow_none=True, help="the course's input seed (else $AUTOGRADER_SEED)").tag(config=True)
 
     _grader = None
-    _deadlines: dict = {}  # student -> when their budget runs out: one budget for all their notebooks
+    _graded: dict = {}  # (student, assignment) -> {chapter id: ChapterResult}: the current student's only
 
     def preprocess(self, nb, resources):
         name = resources["nbgrader"]["notebook"]
         chapter = chapter_for_filename(name + ".ipynb")
         if chapter is None:
             raise ValueError(f"{name}.ipynb is not a chapter notebook of this course")
-        self._student = (resources["nbgrader"].get("student"), resources["nbgrader"].get("assignment"))
-        result = self._grade(nb, chapter)
+        key = (resources["nbgrader"]["student"], resources["nbgrader"]["assignment"])
+        graded = SandboxedGrades._graded.get(key)
+        if graded is None or chapter.id not in graded:
+            import time
+
+            start = time.perf_counter()
+            graded = self._grade_student(nb, chapter, resources)
+            SandboxedGrades._graded = {key: graded}
+            self.log.info("graded %s's %d notebooks in %.1f s", key[0], len(graded), time.perf_counter() - start)
+        result = graded.pop(chapter.id, None)  # (graded once: a second autograde run grades it again)
+        if result is None:
+            raise RuntimeError(f"{name}.ipynb: the grader did not grade it")
         tests: dict = {}
         for t in result.tests:
             tests.setdefault(t.exercise, []).append(t)
-        notes = [n for n in result.notes if not n.startswith("sandbox:")]
+        from ..report.gradescope import is_sandbox_note
+
+        notes = [n for n in result.notes if not is_sandbox_note(n)]
         for cell in nb.cells:
             meta = cell.get("metadata", {}).get("nbgrader", {})
             if cell.cell_type != "code" or not meta.get("grade") or meta.get("solution"):
@@ -86,9 +104,8 @@ class SandboxedGrades(NbGraderPreprocessor):
             notes = []  # (the notebook's own notes once, in its first grade cell)
         return nb, resources
 
-    def _grade(self, nb, chapter):
-        from ..grading import REFERENCES, Grader
-        from ..reference_store import persisted
+    def _grader_once(self):
+        from ..grading import Grader
         from ..sandbox import SandboxUnavailable, choose_mode
 
         if SandboxedGrades._grader is None:
@@ -101,18 +118,61 @@ class SandboxedGrades(NbGraderPreprocessor):
             from ..inputs import course_seed
             SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox,
                                              seed=course_seed(self.seed))
-        grader = SandboxedGrades._grader
-        # One budget for a student's notebooks of one autograde run (a deadline long past is an
-        # earlier run's: a later `nbgrader autograde` in the same process starts a new one).
-        now, fresh = time.monotonic(), grader.student_deadline()
-        deadline = SandboxedGrades._deadlines.get(self._student)
-        if deadline is None or now > deadline + (fresh - now):
-            deadline = SandboxedGrades._deadlines[self._student] = fresh
-        with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp, \
-                persisted(REFERENCES, grader.seed, grader.quick):
-            path = Path(tmp) / f"{chapter.id}.ipynb"
-            nbformat.write(nb, path)
-            return grader.grade_planned(chapter.id, path, deadline=deadline)
+        return SandboxedGrades._grader
+
+    def _grade_student(self, nb, chapter, resources) -> dict:
+        """Every chapter notebook this student submitted, graded at once as `batch` grades a
+        student (one warm sandbox, the chapters one after another, the student's time budget):
+        this notebook as nbgrader sanitized it, the others sanitized the same way here (a
+        notebook that cannot be is graded on its own when nbgrader reaches it)."""
+        from ..batch import _grade_student
+        from ..grading import REFERENCES
+        from ..reference_store import persisted
+
+        grader = self._grader_once()
+        with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp:
+            folder = Path(tmp)
+            nbformat.write(nb, folder / f"{chapter.id}.ipynb")
+            for other_id, other in self._siblings(chapter, resources):
+                nbformat.write(other, folder / f"{other_id}.ipynb")
+            _, todo = grader.plan(folder)
+            with persisted(REFERENCES, grader.seed, grader.quick):
+                chapters = _grade_student(grader, todo)  # (batch's own: its zygote, the student's budget)
+        return {ch.chapter: ch for ch in chapters}
+
+    def _siblings(self, chapter, resources):
+        """(chapter id, sanitized notebook) of the student's other submitted notebooks that the
+        assignment has (nbgrader's own sanitize steps: cleared outputs, grade cells restored)."""
+        import copy
+
+        from nbgrader.converters.autograde import Autograde
+        from nbgrader.coursedir import CourseDirectory
+
+        info = resources["nbgrader"]
+        try:
+            coursedir = CourseDirectory(config=self.config)
+            submitted = Path(coursedir.format_path(coursedir.submitted_directory, info["student"], info["assignment"]))
+            source = Path(coursedir.format_path(coursedir.source_directory, ".", info["assignment"]))
+            steps = self.config.Autograde.get("sanitize_preprocessors") or \
+                Autograde.class_traits()["sanitize_preprocessors"].default()
+        except Exception as e:
+            self.log.warning("grading %s alone: %s", chapter.id, e)
+            return
+        for path in sorted(submitted.glob("*.ipynb")):
+            other = chapter_for_filename(path.name)
+            if other is None or other.id == chapter.id or path.stem != other.id or not (source / path.name).is_file():
+                continue
+            try:
+                other_nb = nbformat.read(path, as_version=4)
+                res = copy.deepcopy(resources)
+                res["nbgrader"]["notebook"] = path.stem
+                res["unique_key"] = path.stem
+                for step in steps:
+                    other_nb, res = step(parent=self)(other_nb, res)
+            except Exception as e:  # (nbgrader grades it on its own, and says what is wrong)
+                self.log.warning("%s: graded on its own (%s: %s)", path.name, type(e).__name__, e)
+                continue
+            yield other.id, other_nb
 
 
 def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[str]) -> list:
@@ -126,11 +186,27 @@ def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[s
         why = (f"the grader has no exercise {exercise!r} in this chapter" if exercise
                else "this grade cell does not call check(...) for an exercise of this chapter")
         return [nbformat.v4.new_output("stream", name="stderr", text=f"not graded: {why}\n")]
-    points = min(max(sum(t.score for t in tests), 0.0), max_points)
+    points = min(max(sum(t.exact_score for t in tests), 0.0), max_points)
     text = "\n".join([*(f"note: {n}" for n in notes), *exercise_lines(tests)])
     return [nbformat.v4.new_output("stream", name="stdout", text=printable(text) + "\n"),
             nbformat.v4.new_output("execute_result", data={"text/plain": repr(round(points, 4))},
                                    execution_count=None)]
+
+
+def _generate_preprocessors() -> list:
+    """nbgrader's generate_assignment steps, with ClearSolutionsAndAnswers where ClearSolutions was."""
+    from nbgrader.converters.generate_assignment import GenerateAssignment
+    from nbgrader.preprocessors import ClearSolutions
+
+    from .answer_stubs import ClearSolutionsAndAnswers
+
+    steps = GenerateAssignment.class_traits()["preprocessors"].default()
+    if ClearSolutions not in steps:
+        raise RuntimeError(f"nbgrader's generate_assignment steps have no ClearSolutions step to replace: {steps}")
+    return [ClearSolutionsAndAnswers if step is ClearSolutions else step for step in steps]
+
+
+GENERATE_PREPROCESSORS = _generate_preprocessors()
 
 
 def _autograde_preprocessors() -> list:
@@ -170,7 +246,7 @@ def make_course(course_dir, assignment: str = "attention", chapters=None) -> Pat
 
     config = course / "nbgrader_config.py"
     if not config.exists():  # (the seed is made once per course: a second call keeps it)
-        config.write_text(CONFIG.format(root=str(course), seed=new_seed()))
+        config.write_text(CONFIG.replace("__SEED__", str(new_seed())))
         config.chmod(0o600)
     for chapter in chapters or CHAPTERS:
         nbformat.write(source_notebook(chapter), src / f"{chapter}.ipynb")

@@ -17,14 +17,11 @@ network); every text is escaped for HTML and through `untrusted_text.printable`.
 """
 from __future__ import annotations
 
-import ast
 import base64
-import copy
 import io
 import json
 import statistics
 from collections import defaultdict
-from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,7 +30,8 @@ from ..device_check import DEVICE_CHECKS
 from ..contract import CHAPTERS
 from ..results import SubmissionResult
 from ..untrusted_text import printable
-from . import gradebook
+from . import flags as instructor_flags
+from . import gradebook, similarity
 from .html import CSS, _e
 from .text import META_NOTE, plural
 
@@ -44,62 +42,15 @@ TOP_HINTS = 20
 
 
 # ----------------------------------------------------------------------------- identical code
-def _definitions(sources: list[str]) -> dict:
-    """Top-level function and class definitions by name (the last one wins, as when run)."""
-    defs = {}
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defs[node.name] = node
-    return defs
-
-
-def _code_of(defs: dict, ex) -> str | None:
-    """The exercise's code, normalised: its definition's AST without docstrings (comments,
-    blank lines and formatting are not in the AST); None where the notebook has none."""
-    node = defs.get(ex.target)
-    if node is not None and ex.kind == "method":
-        node = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name == ex.name), None)
-    if node is None:
-        return None
-    try:
-        node = copy.deepcopy(node)
-        for n in ast.walk(node):
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body \
-                    and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant) \
-                    and isinstance(n.body[0].value.value, str):
-                n.body = n.body[1:] or [ast.Pass()]
-        return ast.dump(node)
-    except (RecursionError, MemoryError):
-        return None
-
-
-def compared(ex) -> bool:
-    """Exercises whose code is compared with the solution's: those the student writes from
-    scratch. Not a "predict the output" answer (a right answer is the solution's value) nor a
-    "find the bug" fix (`fixed_*`: a right fix of the given code is usually the solution's)."""
-    return ex.kind in ("function", "module", "method") and not ex.name.startswith("fixed_")
-
-
-@lru_cache(maxsize=None)
-def _solution_codes(chapter: str) -> dict:
-    from ..references import reference_cells, solutions_dir
-
-    with open(solutions_dir() / f"{chapter}.ipynb", encoding="utf-8") as f:
-        defs = _definitions(reference_cells(json.load(f)))
-    return {ex.name: _code_of(defs, ex) for ex in CHAPTERS[chapter].exercises if compared(ex)}
+compared = similarity.compared
 
 
 def identical_to_solutions(todo) -> list[list[str]]:
     """[chapter, exercise] for each exercise whose code in the student's notebooks (`todo`:
     (chapter id, notebook path or None) pairs, as `Grader.plan` gives) equals the published
-    solution's once comments, docstrings and formatting are set aside. Reads the notebooks as
-    data (never runs them); a notebook it cannot read flags nothing."""
+    solution's once comments, docstrings, formatting and the names of local variables are set
+    aside (`similarity.normalised`). Reads the notebooks as data (never runs them); a notebook
+    it cannot read flags nothing."""
     from ..notebook import notebook_cells
 
     out = []
@@ -107,20 +58,29 @@ def identical_to_solutions(todo) -> list[list[str]]:
         if notebook is None:
             continue
         try:
-            solution = _solution_codes(chapter)
-            defs = _definitions(notebook_cells(notebook))
+            solution = similarity.solution_dumps(chapter)
+            defs = similarity.definitions(notebook_cells(notebook))
         except Exception:  # (an unreadable notebook: its grading says why)
             continue
         for ex in CHAPTERS[chapter].exercises:
-            if compared(ex) and solution.get(ex.name) is not None and _code_of(defs, ex) == solution[ex.name]:
+            if compared(ex) and solution.get(ex.name) is not None \
+                    and similarity.dump(similarity.exercise_node(defs, ex)) == solution[ex.name]:
                 out.append([chapter, ex.name])
     return out
 
 
 # ----------------------------------------------------------------------------- saved results
-def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identical=()) -> Path:
-    """DIR/<student>/grading.json: what the class report needs of one student."""
+IMPORT_KEYS = ("lms", "id_kind", "lms_id", "email", "notes")  # of students.csv, for the exports
+
+
+def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identical=(), code=None) -> Path:
+    """DIR/<student>/grading.json: what the class report and `export` need of one student:
+    the result, the names and LMS ids `import` recorded, the flags, and `code` (exercise ->
+    normalised token stream, `similarity.fingerprints`) for comparing students."""
     name, lms_id = gradebook._students(class_dir).get(student, (student, student))
+    imported = gradebook.imported(class_dir).get(student) or {}
+    if code is None:  # (the notebooks graded, read again as data)
+        code = similarity.fingerprints([(ch.chapter, ch.notebook) for ch in result.chapters])
     plain = result.to_plain()
     for ch in plain["chapters"]:
         for t in ch["tests"]:
@@ -128,7 +88,7 @@ def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identi
                 c["figure"] = None  # (the feedback page has them; the class report does not)
     data = {"format": FORMAT, "student": student, "name": name, "id": lms_id,
             "class": Path(class_dir).name if class_dir else "", "identical_to_solutions": [list(x) for x in identical],
-            "result": plain}
+            "import": {k: imported.get(k) or "" for k in IMPORT_KEYS}, "code": code or {}, "result": plain}
     path = Path(out_dir) / student / SAVED
     atomic.write_text(path, json.dumps(data))  # (whole or not at all)
     return path
@@ -166,11 +126,12 @@ def statistics_of(students: dict) -> dict:
     """Every figure of the report, from the saved students (`load`)."""
     results = {s: d["result"] for s, d in students.items()}
     names = {s: (d.get("name") or s, d.get("id") or s) for s, d in students.items()}
-    table = gradebook.rows(results, names=names)
+    imports = {s: d.get("import") or {} for s, d in students.items()}
+    table = gradebook.rows(results, names=names, imports=imports)
     header, possible, body = table[0], table[1], table[2:]
     col = {h: i for i, h in enumerate(header)}
-    by_id = {names[s][1]: s for s in students}
-    total_max = _float(possible[col["Total"]]) or 0.0
+    by_id = {gradebook.cell(names[s][1]): s for s in students}  # (the CSV's own cell)
+    total_max = sum(float(possible[col[c]]) for c in header if c in CHAPTERS)
     totals = [_float(r[col["Total"]]) for r in body if r[col["Status"]] == "ok" and r[col["Total"]] != ""]
 
     exercises = []
@@ -220,11 +181,22 @@ def statistics_of(students: dict) -> dict:
         if row[col["Status"]] == "error":
             flags.append({"student": s, "name": row[0], "what": "grading could not finish",
                           "detail": results[s].error or ""})
+        for note in instructor_flags.import_notes(imports[s]):
+            what, _, detail = note.partition(": ") if note.startswith(("LATE: ", "not placed: ")) \
+                else note.partition(" ") if note.startswith("unpacked ") else ("import", "", note)
+            flags.append({"student": s, "name": row[0], "what": what, "detail": detail})
+        for what, detail in instructor_flags.run_flags(results[s]):
+            flags.append({"student": s, "name": row[0], "what": what, "detail": detail})
+    row_of = {by_id.get(r[col["ID"]]): r for r in body}
+    similar = [{"names": [row_of[a][0] if a in row_of else a, row_of[b][0] if b in row_of else b],
+                "students": [a, b], "exercises": [[c, round(v, 3)] for c, v in p["exercises"]]}
+               for p in similarity.pairs({s: d.get("code") or {} for s, d in students.items()})
+               for a, b in [p["students"]]]
     return {"header": header, "possible": possible, "rows": body, "by_id": by_id, "col": col,
             "totals": totals, "total_max": total_max, "exercises": exercises, "cases": dict(per_case),
             "hints": [{"chapter": c, "exercise": e, "hint": h, "students": [names[s][0] for s in v["students"]],
                        "count": len(v["students"]), "cases": v["cases"]} for (c, e, h), v in top],
-            "flags": flags, "meta": any(t.device in DEVICE_CHECKS for r in results.values() for ch in r.chapters
+            "flags": flags, "similar": similar, "meta": any(t.device in DEVICE_CHECKS for r in results.values() for ch in r.chapters
                                         for t in ch.tests)}
 
 
@@ -356,8 +328,27 @@ def render(students: dict, problems: list[str] = ()) -> str:
     else:
         parts.append("<p>None.</p>")
     parts.append("<p class='note'>Identical to the published solution: the exercise's code equals the "
-                 "solution notebook's once comments, docstrings and formatting are set aside (written answers "
-                 "and find-the-bug fixes are not compared). A flag to look at; it changes no score.</p>")
+                 "solution notebook's once comments, docstrings, formatting and the names of local variables "
+                 "are set aside (written answers and find-the-bug fixes are not compared). LATE, files not "
+                 "placed and unpacked zips come from the import; forbidden-API uses and timeouts from the "
+                 "grading. Flags to look at; they change no score.</p>")
+
+    parts.append("<h2>Similar code between students</h2>")
+    if st["similar"]:
+        parts.append("<table id='similar'><tr><th>students</th><th class='num'>exercises</th><th>where "
+                     "(similarity)</th></tr>")
+        for p in st["similar"]:
+            where = ", ".join(f"{c} ({100 * v:.0f}%)" for c, v in p["exercises"])
+            parts.append(f"<tr><td>{e(p['names'][0])} and {e(p['names'][1])}</td><td class='num'>"
+                         f"{len(p['exercises'])}</td><td>{e(where)}</td></tr>")
+        parts.append("</table>")
+    else:
+        parts.append("<p>No pair.</p>")
+    parts.append(f"<p class='note'>Each exercise's code of every two students, compared once local names, "
+                 f"comments, docstrings and formatting are set aside (the Jaccard index of their token "
+                 f"{similarity.SHINGLE}-grams); pairs at {100 * similarity.THRESHOLD:.0f}% or more are listed. Code "
+                 f"shorter than {similarity.MIN_TOKENS} tokens and the released stubs are not compared. A list to "
+                 "look at; it changes no score.</p>")
 
     parts.append("<h2>Students</h2><table id='students'><tr><th>student</th><th>ID</th>"
                  "<th class='num'>total</th><th>status</th><th>feedback</th></tr>")

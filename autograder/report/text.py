@@ -42,7 +42,7 @@ def _block(prefix: str, text: str) -> list[str]:
 
 def exercise_lines(tests: list[TestResult]) -> list[str]:
     """Lines for one exercise (its tests on every device)."""
-    score = sum(t.score for t in tests)
+    score = sum(t.exact_score for t in tests)
     max_score = sum(t.max_score for t in tests)
     mark = "✓" if score >= max_score - 1e-9 else ("✗" if score == 0 else "~")
     devices = ", ".join(f"{t.device} {t.passed}/{len(t.cases)}" for t in tests if t.cases)
