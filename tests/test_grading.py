@@ -26,7 +26,9 @@ def test_reference_scores_full_marks(chapter):
 def test_unimplemented_stubs_score_zero_without_hints(chapter):
     """The untouched exercise notebook: every exercise raises NotImplementedError (a "predict"
     answer is still `...`), and is reported as not implemented."""
-    for name, e in grade_in(chapter, exercise_namespace(chapter)).items():
+    graded = grade_in(chapter, exercise_namespace(chapter))
+    assert set(graded) == {ex.name for ex in CHAPTERS[chapter].exercises}  # (never vacuous)
+    for name, e in graded.items():
         assert e["score"] == 0, name
         cases = [c for t in e["tests"] for c in t.cases]
         assert cases and all(not c.passed and c.hint is None for c in cases), name
