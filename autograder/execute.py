@@ -197,16 +197,19 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 DEVICE_PLACEHOLDER = "$device"  # a Call argument replaced by the call's device (causal_mask(L, device=...))
 
 
-def _place(x: Any, device: str, dtype: torch.dtype) -> Any:
+def _place(x: Any, device: str, dtype: torch.dtype, fake: bool = False) -> Any:
     if isinstance(x, str) and x == DEVICE_PLACEHOLDER:
         return device
+    if isinstance(x, torch.Tensor) and fake:  # (no values on fake CUDA: an empty tensor is as good
+        # as a copy, and costs no conversion of the real one)
+        return torch.empty(x.shape, device=device, dtype=dtype if x.is_floating_point() else x.dtype)
     if isinstance(x, torch.Tensor):
         x = x.to(device, copy=True)  # never the Call's own tensor: an in-place edit must not leak
         return x.to(dtype) if x.is_floating_point() else x
     if isinstance(x, dict):
-        return {k: _place(v, device, dtype) for k, v in x.items()}
+        return {k: _place(v, device, dtype, fake) for k, v in x.items()}
     if isinstance(x, list):
-        return [_place(v, device, dtype) for v in x]
+        return [_place(v, device, dtype, fake) for v in x]
     return x
 
 
@@ -395,8 +398,9 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
 def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out: Outcome) -> Outcome:
     """The body of `_execute`: fills `out` (returns early with it on a module that cannot be used)."""
     _seed(call.seed, call.device)
-    args = _place(call.args, device, dtype)
-    kwargs = _place(call.kwargs, device, dtype)
+    fake = call.device == FAKE_CUDA
+    args = _place(call.args, device, dtype, fake)
+    kwargs = _place(call.kwargs, device, dtype, fake)
     named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
     named_inputs.update({f"kwargs.{k}": v for k, v in kwargs.items()})
     grad_inputs = {}
@@ -405,7 +409,8 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             t.requires_grad_(True)
             grad_inputs[name] = t
-    pristine = {k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
+    pristine = {} if fake else {  # (fake tensors have no values to compare)
+        k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
 
     fn = target
     module = None
@@ -430,12 +435,11 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
         out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
         persistent = module.state_dict(keep_vars=True)
         out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
-        if call.device == FAKE_CUDA:  # (Module.to cannot swap fake parameters: device_check.move_module)
-            move_module(module, None, dtype)
-        else:
+        if not fake:  # (on fake CUDA, move_module below sets the dtype: no values to round)
             module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
         if call.state is not None:
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in call.state.items()}
+            state = {k: _place(v, "cpu", dtype, fake) if fake else v.to(dtype) if v.is_floating_point() else v
+                     for k, v in call.state.items()}
             own = module.state_dict()
             missing = [k for k in state if k not in own]
             if missing:

@@ -222,7 +222,7 @@ def _path_of(x):
     """What of an argument can send code down another path: its kind, not its numbers."""
     if isinstance(x, torch.Tensor):
         kind = "bool" if x.dtype == torch.bool else "float" if x.is_floating_point() else "int"
-        tags = (kind, x.dim())
+        tags = (kind, x.dim())  # (unbatched and batched inputs often take different branches)
         if x.numel() and x.dim() and x.dtype == torch.bool:
             tags += (bool((~x).all(-1).any()),)  # a fully masked row
         elif x.numel() and x.is_floating_point():
@@ -230,8 +230,10 @@ def _path_of(x):
         return tags
     if x is None or isinstance(x, (bool, str)):
         return x
-    if isinstance(x, (int, float)):
-        return (type(x).__name__, x == 0)  # (dropout=0.0 vs 0.1; a zero size)
+    if isinstance(x, float):
+        return ("float", x == 0)  # (dropout=0.0 vs 0.1)
+    if isinstance(x, int):
+        return "int"
     if isinstance(x, (list, tuple)):
         return tuple(_path_of(v) for v in x)
     if isinstance(x, dict):
