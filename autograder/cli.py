@@ -248,12 +248,16 @@ def _run(args, grader, sandboxes, references) -> int:
         if sandboxes is not None and "cuda" not in grader.devices and \
                 not references.complete(args.chapters or list(CHAPTERS), grader.devices,
                                         grader.seed, grader.quick):
-            # The device check's references need torch's symbolic shapes (sympy, ~1 s to import):
-            # import them while this process waits for the student's sandbox to be ready.
+            # The device check's references need torch's symbolic shapes (sympy) and torch._dynamo
+            # (fake tensors import both, ~1.5 s): import them while this process waits for the
+            # student's sandbox to be ready.
             import importlib
             import threading
-            threading.Thread(target=importlib.import_module, daemon=True,
-                             args=("torch.fx.experimental.symbolic_shapes",)).start()
+
+            def preload():
+                for name in ("torch.fx.experimental.symbolic_shapes", "torch._dynamo"):
+                    importlib.import_module(name)
+            threading.Thread(target=preload, daemon=True).start()
         from .report import gradescope, html, text
         if not args.path.exists():
             print(f"error: {args.path}: no such file or folder", file=sys.stderr)

@@ -9,9 +9,10 @@ import multiprocessing
 import multiprocessing.forkserver
 
 # What a worker would otherwise import on its first chapter: torch and the grader, nbformat
-# (reading notebooks), and sympy by way of torch's symbolic shapes (the meta-device checks).
+# (reading notebooks), and sympy by way of torch's symbolic shapes and torch._dynamo (the
+# device check's fake tensors import both).
 PRELOAD = ["autograder.grading", "autograder.session", "autograder.notebook",
-           "torch.fx.experimental.symbolic_shapes"]
+           "torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor", "torch._dynamo"]
 
 
 def context():

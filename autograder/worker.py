@@ -100,7 +100,8 @@ def _display(*objs, **kwargs):
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
              "torch.fx.experimental.symbolic_shapes",  # the device checks need it (sympy)
-             "torch._subclasses.fake_tensor",  # the device check on fake CUDA (device_check)
+             "torch._subclasses.fake_tensor",  # the device check on fake CUDA (device_check),
+             "torch._dynamo",  # whose FakeTensorMode() imports torch._dynamo.config (0.75 s: once, here)
              "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
              "collections", "typing", "dataclasses", "copy", "json", "time", "socket",
