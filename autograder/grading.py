@@ -470,6 +470,7 @@ class Grader:
     # -- one notebook -------------------------------------------------------------------------
     def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None
                        ) -> ChapterResult:
+        from .memory_case import MemoryCases
         from .notebook import NotebookError, notebook_cells
         from .session import StudentSession
 
@@ -483,17 +484,20 @@ class Grader:
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
             result.seconds = time.perf_counter() - start
             return result
-        # A chapter with memory cases (`Call.capped_memory`: chapter 7) runs wholly in children
-        # whose memory the kernel caps before any student code runs (its other cases are small).
-        capped = any(c.capped_memory for ex in chapter.exercises
-                     for c in REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick))
+        # Memory cases (`Call.capped_memory`: chapter 7) run first, in a memory-capped child of
+        # their own (autograder.memory_case); the chapter's other cases in uncapped children.
+        memory = MemoryCases(cells, [c for ex in chapter.exercises for c in
+                                     REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick)],
+                             limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
+        memory.run_first()
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes,
-                            deadline=deadline, memory_capped=capped) as session:
+                            deadline=deadline) as session:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
-            result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick, cells=cells)
+            result.tests = grade_chapter(chapter, memory.route(session.run), self.devices, self.seed,
+                                         self.quick, cells=cells)
             _failed_definitions(chapter, result.tests, cells, info)
             defined = set(info.get("defined", []))
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
