@@ -108,11 +108,12 @@ class Limits:
     nofile: int = 256                   # open file descriptors
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
-    memory_case: int = 192 * MiB        # a chapter with memory cases (Call.capped_memory) runs in
-                                        # children that may allocate this much beyond what they
-                                        # hold at their start, the notebook's cells included (hard
-                                        # RLIMIT_DATA, set before any student code runs: the
-                                        # kernel, not the student, enforces it)
+    memory_case: int = 192 * MiB        # a memory case (Call.capped_memory) runs in a child of
+                                        # its own that may allocate this much beyond what it holds
+                                        # at its start, the notebook's cells included (hard
+                                        # RLIMIT_DATA and RLIMIT_AS, set before any student code
+                                        # runs: the kernel, not the student, enforces it; see
+                                        # autograder.memory_case)
     threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
     # The grader's own deadlines and bounds (not the student's):
     send_timeout: float = 30.0          # to hand the notebook's cells to a child
