@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import forkserver
+from . import forkserver, gpu_share
 from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
 from .report import class_report, gradebook, gradescope, html
@@ -135,6 +135,8 @@ def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     finally:
         if pool is not None:
             pool.close()
+            if "cuda" in grader.devices:  # the next student starts on a GPU this one has left
+                gpu_share.release(pool.uid)
 
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, counter) -> None:
@@ -180,7 +182,7 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
     threads = max(1, cores // jobs)
     settings = {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
-                               initargs=(REFERENCES.snapshot(), threads, os.getcwd(), settings,
+                               initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), settings,
                                          ctx.Value("i", 0)))
 
 
@@ -239,7 +241,11 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         bar.set_postfix_str(printable(name))  # (a folder's name is the student's text)
         bar.update()
 
-    _run_all(grader, work, jobs, chapters, done)
+    if "cuda" in grader.devices:  # a share of the GPU each; the grader's CUDA runs before any student's
+        gpu_share.configure(grader, jobs, chapters or list(CHAPTERS))
+    held: dict = {}  # students with a CUDA out-of-memory failure, graded again alone below
+    _run_all(grader, work, jobs, chapters, gpu_share.hold_back(done, grader, held))
+    gpu_share.regrade_alone(held, work, _grade_student, grader, done)
     bar.close()
     if out_dir:
         out = Path(out_dir)

@@ -139,16 +139,17 @@ class ReferenceCache:
                             return
                         self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
 
-    def export(self, seed: int | None = None, quick: bool | None = None) -> dict:
+    def export(self, seed: int | None = None, quick: bool | None = None, cuda: bool = False) -> dict:
         """The cases and CPU/meta outcomes (of one seed and quick setting, or all), as plain
-        data for `wire`. CUDA outcomes stay out: they belong to one machine's device."""
+        data for `wire`. CUDA outcomes stay out (they belong to one machine's device) unless
+        `cuda` (for worker processes on this machine)."""
         def wanted(s, q):
             return (seed is None or s == seed) and (quick is None or q == quick)
         with self._lock:
             cases = [[list(k), [c.to_plain() for c in calls]] for k, calls in self._cases.items()
                      if wanted(k[2], k[3])]
             outcomes = [[list(k), o.to_plain()] for k, o in self._outcomes.items()
-                        if k[-2] != "cuda" and wanted(k[2], k[3])]
+                        if (cuda or k[-2] != "cuda") and wanted(k[2], k[3])]
         return {"cases": cases, "outcomes": outcomes}
 
     def merge(self, plain: dict) -> int:
@@ -193,11 +194,11 @@ class ReferenceCache:
         with self._lock:
             return len(self._outcomes) + sum(o.at_float32 is not None for o in self._outcomes.values())
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, cuda: bool = False) -> bytes:
         """Everything `export` gives, as one `wire` frame for worker processes of this grader."""
         from . import wire
 
-        return wire.encode(self.export())
+        return wire.encode(self.export(cuda=cuda))
 
     def adopt(self, data: bytes) -> None:
         from . import wire
@@ -605,6 +606,8 @@ class Grader:
         submitted = [ch for ch, notebook in todo if notebook is not None]
         deadline = self.student_deadline()
         try:
+            if "cuda" in self.devices:  # the grader's own CUDA runs before any student code, never beside it
+                REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
             with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
                 # Later chapters first: they build on the earlier ones and take longest, so

@@ -115,6 +115,10 @@ class Limits:
                                         # runs: the kernel, not the student, enforces it; see
                                         # autograder.memory_case)
     threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
+    gpu_share: float = 0.9              # torch's per-process CUDA memory fraction in a student's
+                                        # children, set before any student code runs (`batch`
+                                        # gives each of its --jobs workers 0.9 / jobs; see
+                                        # autograder.gpu_share)
     # The grader's own deadlines and bounds (not the student's):
     send_timeout: float = 30.0          # to hand the notebook's cells to a child
     control_timeout: float = 10.0       # for the warm worker to fork, kill or reset
@@ -576,6 +580,7 @@ def _config(mode: str, limits: Limits, runtime: str, sys_path: list[str], drop, 
         "drop_late": mode in ("fallback", "container"),
         "token": token,
         "threads": limits.threads,
+        "cuda_fraction": limits.gpu_share,
         "rlimits": {
             "DATA": limits.memory,
             "AS": None if gpu else 2 * limits.memory,
@@ -983,7 +988,7 @@ class WarmSandbox(_Controlled):
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
-            config = {"threads": self.limits.threads}
+            config = {"threads": self.limits.threads, "cuda_fraction": self.limits.gpu_share}
             if data_headroom:
                 config["data_headroom"] = int(data_headroom)
             forked = self._request(self._p.Fork(token, config),

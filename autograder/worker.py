@@ -191,6 +191,26 @@ def _set_limits(config: dict) -> None:
             pass
 
 
+def _cuda_fraction(fraction) -> None:
+    """This child's share of the GPU's memory (`Limits.gpu_share`), applied when CUDA first
+    starts (torch's queued lazy calls), so a chapter that never uses CUDA does not start it.
+    It bounds torch's caching allocator; `autograder.gpu_share` does the rest."""
+    if not fraction or fraction >= 1 or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return
+    try:
+        import torch
+
+        def apply():
+            torch.cuda.set_per_process_memory_fraction(float(fraction))
+
+        if torch.cuda.is_initialized():
+            apply()
+        else:
+            torch.cuda._lazy_call(apply)
+    except Exception:  # no CUDA build, or a torch without these: nothing to bound
+        pass
+
+
 MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that could not be confined
 
 
@@ -286,6 +306,7 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(0)
     _set_limits(config)
+    _cuda_fraction(config.get("cuda_fraction"))
     chapter.send(p.ChildReady(os.getpid(), os.getuid(), time.perf_counter() - start))
     chapter.end_of_output()
     handlers = {p.RunCells: chapter.run_cells, p.RunCall: chapter.run_call}
