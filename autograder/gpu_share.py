@@ -128,7 +128,10 @@ def configure(grader, jobs: int, chapters) -> None:
     from .sandbox import Limits
 
     grader.limits = dataclasses.replace(grader.limits or Limits.from_env(), gpu_share=fraction(jobs))
-    REFERENCES.warm(chapters, ["cuda"], grader.seed, grader.quick)
+    try:
+        REFERENCES.warm(chapters, ["cuda"], grader.seed, grader.quick)
+    except Exception:  # not fatal: what is missing is computed when asked for
+        pass
 
 
 def hold_back(done, grader, held: dict):

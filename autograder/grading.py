@@ -607,7 +607,8 @@ class Grader:
         deadline = self.student_deadline()
         try:
             if "cuda" in self.devices:  # the grader's own CUDA runs before any student code, never beside it
-                REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
+                with contextlib.suppress(Exception):  # (not fatal: the grading loop computes what is missing)
+                    REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
             with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
                 # Later chapters first: they build on the earlier ones and take longest, so
