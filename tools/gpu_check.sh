@@ -27,14 +27,15 @@ fi
 CACHE=$(mktemp -d /tmp/gpu-check-cache.XXXXXX)
 LOGS=$(mktemp -d /tmp/gpu-check-logs.XXXXXX)
 trap 'rm -rf "$CACHE"' EXIT
-export AUTOGRADER_CACHE_DIR="$CACHE"
 failed=0
 declare -A SECONDS_OF TOTAL_OF
 
 grade() {  # grade WHAT DEVICE STATE: wall seconds and the Total line
   local what=$1 device=$2 state=$3 log="$LOGS/$1-$2-$3.txt" t0 t1
+  # a reference cache per device: the cold run starts it empty, the warm one reuses it
+  [ "$state" = cold ] && rm -rf "${CACHE:?}/$device"
   t0=$(date +%s.%N)
-  "$PY" -m autograder grade "$what" --device "$device" >"$log" 2>&1
+  AUTOGRADER_CACHE_DIR="$CACHE/$device" "$PY" -m autograder grade "$what" --device "$device" >"$log" 2>&1
   local rc=$?
   t1=$(date +%s.%N)
   SECONDS_OF[$what-$device-$state]=$("$PY" -c "print(f'{$t1 - $t0:.1f}')")
