@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import forkserver
+from . import forkserver, gpu_share
 from .contract import CHAPTERS
 from .grading import REFERENCES, Grader
 from .report import class_report, gradebook, gradescope, html
@@ -137,6 +137,8 @@ def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     finally:
         if pool is not None:
             pool.close()
+            if "cuda" in grader.devices:  # the next student starts on a GPU this one has left
+                gpu_share.release(pool.uid)
 
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, counter) -> None:
@@ -182,7 +184,7 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
     threads = max(1, cores // jobs)
     settings = {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
-                               initargs=(REFERENCES.snapshot(), threads, os.getcwd(), settings,
+                               initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), settings,
                                          ctx.Value("i", 0)))
 
 
@@ -270,15 +272,20 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         else:
             done(name, [grader.grade_planned(c, None) for c, _ in todo])
 
+    if "cuda" in grader.devices:  # a share of the GPU each; the grader's CUDA runs before any student's
+        gpu_share.configure(grader, jobs, chapters or list(CHAPTERS))
+    held: dict = {}  # students with a CUDA out-of-memory failure, graded again alone below
+    finish = gpu_share.hold_back(done, grader, held)
     if in_process:
         for name, todo in work.items():
             try:
                 chapter_results = _grade_student(grader, todo)
             except Exception as e:
                 chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in todo]
-            done(name, chapter_results, _source_flags(todo))
+            finish(name, chapter_results, _source_flags(todo))
     else:
-        _run_all(grader, work, jobs, chapters, done)
+        _run_all(grader, work, jobs, chapters, finish)
+    gpu_share.regrade_alone(held, work, _grade_student, grader, done)
     bar.close()
     kept = []
     if csv_path:

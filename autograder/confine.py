@@ -9,6 +9,13 @@ largest attack surface, and a way around limits that are counted per user. bubbl
 `--disable-userns` does the same where bwrap itself makes a user namespace; this covers the
 sandboxes that drop to an unprivileged uid instead (root's bubblewrap, the zygote, the
 container mode).
+
+`no_hidden_memory()`: a second filter, for the child that runs a memory case only (see
+`autograder.memory_case`). That child's address space is capped (RLIMIT_AS, which counts every
+mapping, shared and file-backed ones included); this filter refuses what could hold memory
+outside any mapping of its own or compute beside it: anonymous shared mappings and
+`memfd_create` (shmem pages that outlive a mapping), System V `shmget`, and `socket` (another
+process of the student's reached over a socket would compute the score matrix for it).
 """
 from __future__ import annotations
 
@@ -23,6 +30,10 @@ SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 EPERM, ENOSYS = 1, 38
 # audit arch, unshare, clone, clone3 (clone's flags are its first argument on both)
 ARCHES = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
+
+# audit arch, mmap, memfd_create, shmget, socket
+HIDDEN_MEMORY_CALLS = {"x86_64": (0xC000003E, 9, 319, 29, 41), "aarch64": (0xC00000B7, 222, 279, 194, 198)}
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # (MAP_SHARED_VALIDATE, 0x03, has the MAP_SHARED bit)
 
 # classic BPF opcodes
 LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -54,6 +65,29 @@ def _program() -> bytes | None:
     ])
 
 
+def _hidden_memory_program() -> bytes | None:
+    arch = HIDDEN_MEMORY_CALLS.get(platform.machine())
+    if arch is None:
+        return None
+    audit, mmap, memfd, shmget, socket = arch
+    allow, eperm = SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    return b"".join([
+        _insn(LD_W_ABS, 0, 0, 4),              # 0: arch
+        _insn(JEQ_K, 0, 10, audit),            # 1: a foreign arch: -> 12
+        _insn(LD_W_ABS, 0, 0, 0),              # 2: syscall number
+        _insn(JGE_K, 8, 0, 0x40000000),        # 3: x32 numbering: -> 12
+        _insn(JEQ_K, 3, 0, mmap),              # 4: -> 8
+        _insn(JEQ_K, 6, 0, memfd),             # 5: -> 12
+        _insn(JEQ_K, 5, 0, shmget),            # 6: -> 12
+        _insn(JEQ_K, 4, 3, socket),            # 7: -> 12, else -> 11
+        _insn(LD_W_ABS, 0, 0, 40),             # 8: low 32 bits of the fourth argument (flags)
+        _insn(JSET_K, 0, 1, MAP_SHARED),       # 9: not shared -> 11
+        _insn(JSET_K, 1, 0, MAP_ANONYMOUS),    # 10: shared and anonymous -> 12
+        _insn(RET_K, 0, 0, allow),             # 11
+        _insn(RET_K, 0, 0, eperm),             # 12
+    ])
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -61,7 +95,15 @@ class _SockFprog(ctypes.Structure):
 def no_user_namespaces() -> bool:
     """Install the filter on this process (and every process it starts); whether it took.
     Sets no_new_privs (which the kernel requires for an unprivileged filter)."""
-    program = _program()
+    return _install(_program())
+
+
+def no_hidden_memory() -> bool:
+    """Install the memory case's filter (see the module docstring); whether it took."""
+    return _install(_hidden_memory_program())
+
+
+def _install(program: bytes | None) -> bool:
     if program is None or not hasattr(os, "fork"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)

@@ -142,16 +142,17 @@ class ReferenceCache:
                             return
                         self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
 
-    def export(self, seed: int | None = None, quick: bool | None = None) -> dict:
+    def export(self, seed: int | None = None, quick: bool | None = None, cuda: bool = False) -> dict:
         """The cases and CPU/meta outcomes (of one seed and quick setting, or all), as plain
-        data for `wire`. CUDA outcomes stay out: they belong to one machine's device."""
+        data for `wire`. CUDA outcomes stay out (they belong to one machine's device) unless
+        `cuda` (for worker processes on this machine)."""
         def wanted(s, q):
             return (seed is None or s == seed) and (quick is None or q == quick)
         with self._lock:
             cases = [[list(k), [c.to_plain() for c in calls]] for k, calls in self._cases.items()
                      if wanted(k[2], k[3])]
             outcomes = [[list(k), o.to_plain()] for k, o in self._outcomes.items()
-                        if k[-2] != "cuda" and wanted(k[2], k[3])]
+                        if (cuda or k[-2] != "cuda") and wanted(k[2], k[3])]
         return {"cases": cases, "outcomes": outcomes}
 
     def merge(self, plain: dict) -> int:
@@ -196,11 +197,11 @@ class ReferenceCache:
         with self._lock:
             return len(self._outcomes) + sum(o.at_float32 is not None for o in self._outcomes.values())
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, cuda: bool = False) -> bytes:
         """Everything `export` gives, as one `wire` frame for worker processes of this grader."""
         from . import wire
 
-        return wire.encode(self.export())
+        return wire.encode(self.export(cuda=cuda))
 
     def adopt(self, data: bytes) -> None:
         from . import wire
@@ -548,6 +549,7 @@ class Grader:
     # -- one notebook -------------------------------------------------------------------------
     def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None
                        ) -> ChapterResult:
+        from .memory_case import MemoryCases
         from .notebook import NotebookError, notebook_cells
         from .session import StudentSession
 
@@ -561,17 +563,20 @@ class Grader:
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
             result.seconds = time.perf_counter() - start
             return result
-        # A chapter with memory cases (`Call.capped_memory`: chapter 7) runs wholly in children
-        # whose memory the kernel caps before any student code runs (its other cases are small).
-        capped = any(c.capped_memory for ex in chapter.exercises
-                     for c in REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick))
+        # Memory cases (`Call.capped_memory`: chapter 7) run first, in a memory-capped child of
+        # their own (autograder.memory_case); the chapter's other cases in uncapped children.
+        memory = MemoryCases(cells, [c for ex in chapter.exercises for c in
+                                     REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick)],
+                             limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
+        memory.run_first()
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes,
-                            deadline=deadline, memory_capped=capped) as session:
+                            deadline=deadline) as session:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
             result.output = info.get("output", "")
-            result.tests = grade_chapter(chapter, session.run, self.devices, self.seed, self.quick, cells=cells)
+            result.tests = grade_chapter(chapter, memory.route(session.run), self.devices, self.seed,
+                                         self.quick, cells=cells)
             _failed_definitions(chapter, result.tests, cells, info)
             defined = set(info.get("defined", []))
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
@@ -688,6 +693,9 @@ class Grader:
         submitted = [ch for ch, notebook in todo if notebook is not None]
         deadline = self.student_deadline()
         try:
+            if "cuda" in self.devices:  # the grader's own CUDA runs before any student code, never beside it
+                with contextlib.suppress(Exception):  # (not fatal: the grading loop computes what is missing)
+                    REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
             with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
                 # Later chapters first: they build on the earlier ones and take longest, so

@@ -112,12 +112,17 @@ class Limits:
     nofile: int = 256                   # open file descriptors
     output_cap: int = 64 * KiB          # captured stdout+stderr kept per session start / per call
     result_cap: int = 256 * MiB         # largest result frame accepted from the child
-    memory_case: int = 192 * MiB        # a chapter with memory cases (Call.capped_memory) runs in
-                                        # children that may allocate this much beyond what they
-                                        # hold at their start, the notebook's cells included (hard
-                                        # RLIMIT_DATA, set before any student code runs: the
-                                        # kernel, not the student, enforces it)
+    memory_case: int = 192 * MiB        # a memory case (Call.capped_memory) runs in a child of
+                                        # its own that may allocate this much beyond what it holds
+                                        # at its start, the notebook's cells included (hard
+                                        # RLIMIT_DATA and RLIMIT_AS, set before any student code
+                                        # runs: the kernel, not the student, enforces it; see
+                                        # autograder.memory_case)
     threads: int = 1                    # torch intra-op threads (determinism, parallel grading)
+    gpu_share: float = 0.9              # torch's per-process CUDA memory fraction in a student's
+                                        # children, set before any student code runs (`batch`
+                                        # gives each of its --jobs workers 0.9 / jobs; see
+                                        # autograder.gpu_share)
     # The grader's own deadlines and bounds (not the student's):
     send_timeout: float = 30.0          # to hand the notebook's cells to a child
     control_timeout: float = 10.0       # for the warm worker to fork, kill or reset
@@ -596,6 +601,7 @@ def _config(mode: str, limits: Limits, runtime: str, sys_path: list[str], drop, 
         "drop_late": mode in ("fallback", "container"),
         "token": token,
         "threads": limits.threads,
+        "cuda_fraction": limits.gpu_share,
         "rlimits": {
             "DATA": limits.memory,
             "AS": None if gpu else 2 * limits.memory,
@@ -1006,7 +1012,7 @@ class WarmSandbox(_Controlled):
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
-            config = {"threads": self.limits.threads}
+            config = {"threads": self.limits.threads, "cuda_fraction": self.limits.gpu_share}
             if data_headroom:
                 config["data_headroom"] = int(data_headroom)
             forked = self._request(self._p.Fork(token, config),

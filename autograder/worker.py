@@ -163,9 +163,13 @@ def _set_limits(config: dict) -> None:
         return
     rlimits = dict(config["rlimits"])
     headroom = config.get("data_headroom")
-    if headroom:  # a memory case: this much beyond what the process holds now (torch included)
-        _cuda_before_cap()
-        rlimits["DATA"] = min(rlimits.get("DATA") or headroom + _data_now(), headroom + _data_now())
+    if headroom:  # the memory case's child (autograder.memory_case): this much beyond what it
+        # holds now (torch included), counted over every mapping (RLIMIT_AS sees shared and
+        # file-backed ones, which RLIMIT_DATA does not), with no GPU (its cases run on the CPU)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        for name, key in (("DATA", "VmData:"), ("AS", "VmSize:")):
+            cap = headroom + _status_bytes(key)
+            rlimits[name] = min(rlimits.get(name) or cap, cap)
     for name, value in rlimits.items():
         res = getattr(resource, f"RLIMIT_{name}", None)
         if res is None or value is None:
@@ -176,6 +180,8 @@ def _set_limits(config: dict) -> None:
             resource.setrlimit(res, (value, value))
         except (ValueError, OSError):
             pass
+    if headroom:
+        _confine_memory_case(resource, rlimits["AS"])
     nproc = config.get("nproc")
     res = getattr(resource, "RLIMIT_NPROC", None)
     if nproc and res is not None and os.getuid() != 0:
@@ -187,27 +193,54 @@ def _set_limits(config: dict) -> None:
             pass
 
 
-def _cuda_before_cap() -> None:
-    """Where a GPU is visible, a chapter graded under the memory cap starts CUDA before the cap
-    is set: the driver's own host memory (hundreds of MiB on a GPU machine) is no part of what
-    the memory case measures, and counted against the headroom it would make the chapter's CUDA
-    cases run out of memory. (Nothing to do on a machine without CUDA.)"""
+def _cuda_fraction(fraction) -> None:
+    """This child's share of the GPU's memory (`Limits.gpu_share`), applied when CUDA first
+    starts (torch's queued lazy calls), so a chapter that never uses CUDA does not start it.
+    It bounds torch's caching allocator; `autograder.gpu_share` does the rest."""
+    if not fraction or fraction >= 1 or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return
     try:
         import torch
 
-        if torch.cuda.is_available():
-            torch.cuda.init()
-    except Exception:  # CUDA that cannot start: its cases report why when they run
+        def apply():
+            torch.cuda.set_per_process_memory_fraction(float(fraction))
+
+        if torch.cuda.is_initialized():
+            apply()
+        else:
+            torch.cuda._lazy_call(apply)
+    except Exception:  # no CUDA build, or a torch without these: nothing to bound
         pass
 
 
-def _data_now() -> int:
-    """The bytes RLIMIT_DATA counts for this process now (VmData: heap and private writable
-    mappings)."""
+MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that could not be confined
+
+
+def _confine_memory_case(resource, address_space: int) -> None:
+    """The memory case's child refuses shared anonymous memory, memfd_create, shmget and
+    sockets (`confine.no_hidden_memory`), then checks that its address-space cap and that
+    filter are in place; where either is not, it exits before any student code runs, so a
+    memory case is never credited where memory went unmeasured."""
+    from .confine import no_hidden_memory
+
+    filtered = no_hidden_memory()
+    try:
+        capped = resource.getrlimit(resource.RLIMIT_AS)[1] <= address_space
+    except (ValueError, OSError):
+        capped = False
+    if not (filtered and capped):
+        os.write(2, b"the memory case cannot be measured here: "
+                    + (b"no seccomp filter" if not filtered else b"no address-space limit") + b"\n")
+        os._exit(MEMORY_CASE_UNCONFINED)
+
+
+def _status_bytes(key: str) -> int:
+    """A size from /proc/self/status in bytes (VmData: what RLIMIT_DATA counts, heap and
+    private writable mappings; VmSize: what RLIMIT_AS counts, every mapping)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmData:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -275,6 +308,7 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(0)
     _set_limits(config)
+    _cuda_fraction(config.get("cuda_fraction"))
     chapter.send(p.ChildReady(os.getpid(), os.getuid(), time.perf_counter() - start))
     chapter.end_of_output()
     handlers = {p.RunCells: chapter.run_cells, p.RunCall: chapter.run_call}

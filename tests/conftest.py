@@ -26,6 +26,16 @@ os.environ.setdefault("AUTOGRADER_CACHE_DIR", tempfile.mkdtemp(prefix="autograde
 os.environ.setdefault("AUTOGRADER_ALLOW_PUBLIC_SEED", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` need a real GPU: skipped, said so, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m cuda on a GPU machine: tools/gpu_check.sh)")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def default_torch_state():
     """Every test starts with torch's global defaults and leaves them so (grad mode, default

@@ -960,7 +960,7 @@ def _portable_calls(device: str) -> list:
     return out
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.cuda
 def test_references_on_cuda_match_cpu():
     for (name, got), (_, expected) in zip(_portable_calls("cuda"), _portable_calls("cpu")):
         assert got.device.type == "cuda", name

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -435,25 +436,64 @@ def test_memory_hog_is_stopped_and_reported(mode):
             assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]
 
 
-def test_a_memory_capped_child_starts_cuda_before_its_cap_is_set(monkeypatch):
-    """On a GPU machine the CUDA driver's host memory must not count against the memory case's
-    headroom: the child starts CUDA first, then measures what it holds and sets the cap (a
-    child without a memory case never starts CUDA here). Simulated: no GPU on this machine."""
+def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
+    """The memory case's child (autograder.memory_case): RLIMIT_DATA and RLIMIT_AS (which counts
+    shared and file-backed mappings too) at what it holds plus the headroom, the seccomp filter
+    installed, and CUDA hidden (its case runs on the CPU, and a driver started there would count
+    against the headroom). A child without a memory case gets none of these."""
     import resource
 
-    from autograder import worker
+    from autograder import confine, worker
 
     events = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "init", lambda: events.append("cuda"))
-    monkeypatch.setattr(worker, "_data_now", lambda: events.append("measured") or 1 << 30)
-    monkeypatch.setattr(resource, "setrlimit", lambda res, value: events.append(("limit", res, value)))
-    worker._set_limits({"rlimits": {"DATA": None}, "data_headroom": 64 << 20})
-    assert events[:2] == ["cuda", "measured"], events
+    sizes = {"VmData:": 1 << 30, "VmSize:": 3 << 30}
+    monkeypatch.setattr(worker, "_status_bytes", lambda key: sizes[key])
+    held = {}
+    monkeypatch.setattr(resource, "setrlimit", lambda res, value: events.append(("limit", res, value))
+                        or held.__setitem__(res, value))
+    monkeypatch.setattr(resource, "getrlimit", lambda res: held.get(res, (resource.RLIM_INFINITY,) * 2))
+    monkeypatch.setattr(confine, "no_hidden_memory", lambda: events.append("filter") or True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    worker._set_limits({"rlimits": {"DATA": None, "AS": 8 << 30}, "data_headroom": 64 << 20})
     assert ("limit", resource.RLIMIT_DATA, ((1 << 30) + (64 << 20),) * 2) in events
+    assert ("limit", resource.RLIMIT_AS, ((3 << 30) + (64 << 20),) * 2) in events
+    assert "filter" in events and os.environ["CUDA_VISIBLE_DEVICES"] == ""
     events.clear()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     worker._set_limits({"rlimits": {"DATA": None}})
-    assert "cuda" not in events
+    assert "filter" not in events and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
+    """Where the filter cannot be installed, the child exits (MEMORY_CASE_UNCONFINED) before
+    any student code: a memory case is never credited where memory went unmeasured."""
+    code = ("import resource, autograder.confine as c, autograder.worker as w\n"
+            "c.no_hidden_memory = lambda: False\n"
+            "w._set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
+            "print('student code ran')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    from autograder.worker import MEMORY_CASE_UNCONFINED
+
+    assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout
+    assert "cannot be measured" in r.stderr
+
+
+def test_the_memory_case_filter_refuses_hidden_memory_and_sockets():
+    """confine.no_hidden_memory in a child process: private mappings and file mappings still
+    work (torch needs them); shared anonymous ones, memfd_create and socket do not."""
+    code = ("import mmap, os, socket, tempfile, autograder.confine as c\n"
+            "assert c.no_hidden_memory()\n"
+            "mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE)\n"
+            "f = tempfile.TemporaryFile(); f.truncate(4096); mmap.mmap(f.fileno(), 4096)\n"
+            "for name, act in [('shared', lambda: mmap.mmap(-1, 4096)), ('memfd', lambda: os.memfd_create('x')),\n"
+            "                  ('socket', lambda: socket.socket(socket.AF_UNIX))]:\n"
+            "    try:\n        act(); print(name, 'allowed')\n"
+            "    except PermissionError:\n        print(name, 'refused')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["shared refused", "memfd refused", "socket refused"], r.stdout
 
 
 @pytest.mark.parametrize("mode", MODES)

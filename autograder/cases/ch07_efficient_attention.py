@@ -242,6 +242,12 @@ def compare(call, student, expected, notes=None):
                      f"holds, less than the {_scores_size(call)} of all L_q x L_k scores in float64. {m.message}")
         m.hint = MEMORY_HINT
         return m
+    if m and call.capped_memory and m.aspect == "error" and "Operation not permitted" in m.message:
+        m.message = (f"refused: the memory case runs where shared memory (mmap.mmap(-1, n), memfd, "
+                     f"shmget) and sockets are refused, since memory there would escape the cap of "
+                     f"{_CAP_WORDS}. {m.message}")
+        m.hint = MEMORY_HINT
+        return m
     if m or not (call.measure_memory or call.capped_memory) or call.exercise != "online_softmax_attention":
         return m
     largest = student.largest_tensor

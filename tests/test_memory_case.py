@@ -1,0 +1,291 @@
+"""The memory case, measured so that nothing hides from it, and capped only where it is measured.
+
+Each attack is a student's chapter 7 notebook whose `online_softmax_attention` holds the whole
+L_q x L_k score matrix (512 MiB in the memory case) where RLIMIT_DATA does not count it: an
+anonymous shared mapping (`mmap.mmap(-1, n)`, M1 of issue 27), a memfd, files in /dev/shm or
+/tmp mapped shared. Before: each scored the memory case (10/10 on the exercise). Now the memory
+case's child has its address space capped and a seccomp filter (`confine.no_hidden_memory`):
+each loses the memory case and only it, in `grade` (bubblewrap), `batch` (the zygote) and the
+Gradescope container mode; the honest solution keeps it.
+
+And the cap only where memory is measured (issue 26): a GPU's driver grows a process's host
+memory after it starts (CUDA loads kernels lazily). Simulated by a stand-in that maps 300 MiB
+of host memory on a process's first graded call where a GPU is visible: a chapter graded wholly
+in capped children (the design before) loses its cases; graded now, 28/28.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder.grading import Grader, grade_chapter
+from autograder.notebook import notebook_cells
+from autograder.contract import CHAPTERS
+from autograder.sandbox import probe_bubblewrap
+from autograder.session import StudentSession
+
+REPO = Path(__file__).resolve().parent.parent
+CH = "07_efficient_attention"
+BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
+needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
+CAPSH = shutil.which("capsh")
+
+# The whole score matrix, softmaxed in place where it lies: `place(n)` gives n bytes of memory.
+IN_PLACE = '''
+import math, torch
+
+def plain(q, k, v, mask):  # every other case: the whole matrix, where nothing is measured
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    dead = torch.isneginf(s).all(-1, keepdim=True)
+    s = s.masked_fill(dead, 0.0)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    w = torch.exp(s - lse).masked_fill(dead, 0.0)
+    return w @ v, lse.squeeze(-1).masked_fill(dead.squeeze(-1), float("-inf"))
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    if k.shape[-2] < 4096 or q.device.type != "cpu" or any(
+            t is not None and t.requires_grad for t in (q, k, v, mask)):
+        return plain(q, k, v, mask)
+    shape = torch.broadcast_shapes(q.shape[:-1], k.shape[:-2] + (1,))[:-1] + (q.shape[-2], k.shape[-2])
+    n = math.prod(shape)
+    s = torch.frombuffer(place(n * q.element_size()), dtype=q.dtype, count=n).view(shape)
+    torch.matmul(q, k.transpose(-2, -1), out=s)
+    s.mul_(1 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            s.masked_fill_(~mask, float("-inf"))
+        else:
+            s.add_(mask)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isneginf(m), 0.0, m)
+    s.sub_(m).exp_()
+    l = s.sum(-1, keepdim=True)
+    out = (s @ v) / torch.where(l > 0, l, 1.0)
+    lse = torch.where(l > 0, m + torch.log(torch.where(l > 0, l, 1.0)), float("-inf")).squeeze(-1)
+    return out, lse
+'''
+
+# Chunks of at most 64 MiB (RLIMIT_FSIZE, which bounds a memfd's size too), each mapped shared
+# at its place in one reserved range, so the whole matrix is one tensor.
+CHUNKED = """import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+CHUNK = 32 << 20
+
+def place(n):
+    n = -(-n // CHUNK) * CHUNK
+    base = libc.mmap(None, n, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1, 0)  # PROT_NONE, NORESERVE
+    if base in (None, ctypes.c_void_p(-1).value):
+        raise MemoryError("no room")
+    for i in range(n // CHUNK):
+        fd = chunk(i)
+        os.ftruncate(fd, CHUNK)
+        got = libc.mmap(base + i * CHUNK, CHUNK, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_SHARED | 0x10, fd, 0)  # MAP_FIXED
+        os.close(fd)
+        if got != base + i * CHUNK:
+            raise MemoryError("mmap failed: %d" % ctypes.get_errno())
+    return (ctypes.c_char * n).from_address(base)
+"""
+
+FILE_CHUNK = """
+def chunk(i):
+    path = "{where}/scores-%d-%d" % (os.getpid(), i)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.unlink(path)
+    return fd
+"""
+
+ATTACKS = {
+    # M1: MAP_SHARED | MAP_ANONYMOUS, which RLIMIT_DATA does not count
+    "anonymous shared mapping": "import mmap\nKEEP = []\n"
+        "def place(n):\n    KEEP.append(mmap.mmap(-1, n))\n    return KEEP[-1]\n",
+    "memfd": CHUNKED + "\ndef chunk(i):\n    return os.memfd_create('scores-%d' % i)\n",
+    "files in /dev/shm": CHUNKED + FILE_CHUNK.format(where="/dev/shm"),
+    "files in the working folder (/tmp)": CHUNKED + FILE_CHUNK.format(where="."),
+}
+
+
+def chapter7_with(tmp_path: Path, extra: list[str], name: str = "student") -> Path:
+    nb = nbformat.read(REPO / "exercises" / f"{CH}.ipynb", as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell(src) for src in extra]
+    path = tmp_path / name / f"{CH}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def online_cases(result_tests) -> list:
+    return next(t for t in result_tests
+                if t.exercise == "online_softmax_attention" and t.device == "cpu").cases
+
+
+def memory_lost(cases) -> bool:
+    memory = [c for c in cases if c.case.startswith("memory")]
+    assert len(memory) == 1
+    others = [c for c in cases if not c.case.startswith("memory")]
+    assert others and all(c.passed for c in others), [(c.case, c.message) for c in others if not c.passed]
+    return not memory[0].passed
+
+
+@needs_bwrap
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path, attack):
+    nb = chapter7_with(tmp_path, [ATTACKS[attack] + IN_PLACE])
+    (chapter,) = Grader(device="cpu").grade_path(nb).chapters
+    cases = online_cases(chapter.tests)
+    assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
+    (memory,) = [c for c in cases if c.case.startswith("memory")]
+    assert memory.message.startswith(("the call ran out of memory", "refused: the memory case")), memory.message
+
+
+@needs_bwrap
+def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
+    """The attacks compute the right answer: the same notebook, graded where nothing caps the
+    memory (the grader's own process, Grader.grade_namespace measures the largest tensor, which
+    the attack's frombuffer view is not), passes the memory case."""
+    from autograder.grading import REFERENCES
+
+    ns: dict = {}
+    exec(ATTACKS["anonymous shared mapping"] + IN_PLACE, ns)
+    grader = Grader(device="cpu")
+    (memory,) = [c for c in REFERENCES.cases(CH, "online_softmax_attention", grader.seed, False)
+                 if c.capped_memory]
+    from autograder.execute import execute
+
+    ref = execute(_reference_namespace(), memory)
+    got = execute(ns, memory)
+    assert got.error is None, got.error
+    import torch
+
+    assert torch.allclose(got.outputs[0], ref.outputs[0], atol=1e-8)
+
+
+def _reference_namespace() -> dict:
+    ns: dict = {}
+    for src in notebook_cells(REPO / "solutions" / f"{CH}.ipynb"):
+        try:
+            exec(src, ns)
+        except Exception:
+            pass
+    return ns
+
+
+@needs_bwrap
+def test_the_honest_solution_keeps_the_memory_case():
+    (chapter,) = Grader(device="cpu").grade_path(REPO / "solutions" / f"{CH}.ipynb").chapters
+    cases = online_cases(chapter.tests)
+    assert all(c.passed for c in cases), [(c.case, c.message) for c in cases if not c.passed]
+    assert chapter.score == chapter.max_score
+
+
+@needs_bwrap
+def test_batch_with_the_zygote_catches_it_too(tmp_path):
+    """`batch` as root grades through the zygote's forked sandboxes."""
+    chapter7_with(tmp_path / "class", [ATTACKS["anonymous shared mapping"] + IN_PLACE], "mallory")
+    honest = tmp_path / "class" / "alice"
+    honest.mkdir(parents=True)
+    shutil.copy(REPO / "solutions" / f"{CH}.ipynb", honest)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "autograder", "batch", str(tmp_path / "class"), "--out", str(out),
+                        "--csv", str(tmp_path / "grades.csv"), "--no-progress", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    scores = {}
+    for who in ("mallory", "alice"):
+        results = json.loads((out / who / "results.json").read_text())
+        scores[who] = {t["name"]: t for t in results["tests"]}
+    online = [n for n in scores["mallory"] if "online_softmax_attention" in n and "cpu" in n]
+    assert online
+    assert all(scores["alice"][n]["score"] == scores["alice"][n]["max_score"] for n in scores["alice"])
+    assert all(scores["mallory"][n]["score"] < scores["mallory"][n]["max_score"] for n in online)
+
+
+@pytest.mark.skipif(not (CAPSH and os.geteuid() == 0 and sys.platform == "linux"),
+                    reason="needs root and capsh to simulate a container")
+def test_the_container_mode_catches_it_too(tmp_path):
+    """The Gradescope bundle run as Gradescope runs it (tests/test_container_mode.py): as root
+    without CAP_SYS_ADMIN, so no namespaces, a uid per student."""
+    import zipfile
+
+    from autograder.integrations.gradescope import build_zip
+
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(build_zip(tmp_path / "autograder.zip", chapters=[CH])) as z:
+        z.extractall(root / "source")
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    nb = chapter7_with(tmp_path, [ATTACKS["anonymous shared mapping"] + IN_PLACE])
+    (root / "submission").mkdir()
+    shutil.copy(nb, root / "submission" / nb.name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}
+    env.update(AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable)
+    r = subprocess.run([CAPSH, "--drop=cap_sys_admin", "--", "-c", f"bash {root / 'run_autograder'}"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    results = json.loads((root / "results" / "results.json").read_text())
+    online = [t for t in results["tests"] if "online_softmax_attention" in t["name"]]
+    assert online, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "container" in json.dumps(results) or "uid" in json.dumps(results), results.get("output")
+    cpu = [t for t in online if "cpu" in t["name"].lower()] or online
+    assert all(t["score"] < t["max_score"] for t in cpu), online
+    assert "memory" in " ".join(t.get("output", "") for t in cpu), cpu
+
+
+# -------------------------------------------------------------- the cap only where it is measured
+
+CUDA_STAND_IN = '''import ctypes, mmap, os
+_DRIVER = []  # a GPU driver's host memory: mapped and written on a process's first CUDA work
+
+def _first_use():
+    if not _DRIVER and os.environ.get("CUDA_VISIBLE_DEVICES", "0") != "":
+        m = mmap.mmap(-1, 300 << 20, flags=mmap.MAP_PRIVATE)
+        m.write(b"x" * (300 << 20))
+        _DRIVER.append(m)
+
+def _on_gpu(fn):
+    def wrapped(*args, **kwargs):
+        _first_use()
+        return fn(*args, **kwargs)
+    return wrapped
+
+for _name in [n for n, v in list(globals().items()) if callable(v) and not n.startswith("_")
+              and getattr(v, "__module__", None) == "__main__"]:
+    globals()[_name] = _on_gpu(globals()[_name]) if not isinstance(globals()[_name], type) else globals()[_name]
+'''
+
+
+def _solution_cells_with_stand_in() -> list[str]:
+    return notebook_cells(REPO / "solutions" / f"{CH}.ipynb") + [CUDA_STAND_IN]
+
+
+@needs_bwrap
+def test_host_memory_a_gpu_driver_adds_after_the_cap_fails_only_the_old_design(tmp_path):
+    cells = _solution_cells_with_stand_in()
+    chapter = CHAPTERS[CH]
+    grader = Grader(device="cpu")
+    # before: every child of the chapter capped (StudentSession(memory_capped=True) for all cases)
+    # (a capped child in which the GPU stays visible, as it was then: the first cell undoes the
+    # hiding that the memory case's child does now, so this runs the old design's child)
+    visible = "import os\nos.environ.pop('CUDA_VISIBLE_DEVICES', None)"
+    with StudentSession([visible] + cells, memory_capped=True) as session:
+        session.start()
+        old = grade_chapter(chapter, session.run, grader.devices, grader.seed, False, cells=cells)
+    assert sum(t.score for t in old) < sum(t.max_score for t in old)
+    assert any("memory" in c.message.lower() for t in old for c in t.cases if not c.passed)
+    # now: only the memory case's child is capped, and no GPU is visible there
+    nb = tmp_path / f"{CH}.ipynb"
+    book = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    book.cells.append(nbformat.v4.new_code_cell(CUDA_STAND_IN))
+    nbformat.write(book, nb)
+    (result,) = grader.grade_path(nb).chapters
+    assert result.score == result.max_score == 28, [(t.exercise, t.device, c.case, c.message)
+                                                     for t in result.tests for c in t.cases if not c.passed]
