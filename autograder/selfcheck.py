@@ -84,6 +84,13 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str
     """(call, mismatch or None, note) for each quick case up to the first failure, then the
     first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
     answer: its form only (`answers.check_form`), whatever its value."""
+    from .cases.extra import symptoms_only
+
+    with symptoms_only():  # a find-the-bug hint names the symptom here, never the fix
+        return _run_checks(chapter, exercise, obj)
+
+
+def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
     from .grading import forbidden_message, judge, variants
 
     ex = CHAPTERS[chapter].exercise(exercise)
