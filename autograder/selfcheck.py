@@ -7,7 +7,9 @@ It runs a few fast cases in the student's own kernel and compares with expected 
 in `autograder/data/selfcheck.agw` (made from the reference solutions by
 `python -m autograder selfcheck-data`), so it needs neither the solutions nor the grader's
 hidden cases, and reveals no reference code. Failures raise `SelfCheckFailed` with the same
-diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint.
+diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint;
+except that a find-the-bug hint (`fixed_*`) names the symptom only, never the fix
+(`cases.extra.symptoms_only`): finding the fix is the exercise.
 
 A written answer ("predict the output", contract kind "answer") is the exception: this check
 runs where the student can read and patch everything, so its data hold no expected value for
