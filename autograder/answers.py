@@ -14,14 +14,22 @@ and it checks only the form (`check_form`: not `...`, numbers, the shape the que
 and says the answer is recorded. The same message comes back for a right and a wrong value of
 that form, so trying values there learns nothing; only the grader, which computes the expected
 value from the reference solutions, judges the value. Neither its messages nor the hints of
-likely wrong answers (cases/extra.py) state the expected value.
+likely wrong answers state the expected value, and a wrong answer gets one verdict, with no
+count or index of wrong entries. The hints and their wrong answers are kept with the
+instructor's data (the solution notebooks, `hint_table`), not in this package.
 """
 from __future__ import annotations
+
+import json
+import math
+import re
+from functools import lru_cache
 
 import torch
 
 from .calls import Call, ErrorKind, Outcome
 from .compare import NOT_IMPLEMENTED, Mismatch
+from .references import solutions_dir
 
 ANSWER_ATOL = 0.01  # "within 0.01": answers written to two decimals pass
 
@@ -99,33 +107,71 @@ def compare_answer(call: Call, student: Outcome, expected: Outcome) -> Mismatch 
     m = _wrong_shape(call, got, want.shape)
     if m:
         return m
-    ok = close(got, want)
-    if bool(ok.all()):
+    if bool(close(got, want).all()):
         return None
-    bad = torch.nonzero(~ok)
-    where = [int(i) for i in bad[0]] if got.dim() else []
-    at = f" (first at index {tuple(where)}, where you wrote {got[tuple(where)].item():g})" if where else \
-        f" (you wrote {got.item():g})"
-    n = int(bad.shape[0]) if got.dim() else 1
-    count = f"{n} of {got.numel()} numbers are" if got.numel() > 1 else "the number is"
-    return Mismatch("values", f"not the right answer: {count} wrong{at}. Each number must be within "
-                    f"{ANSWER_ATOL:g} of the exact value.", output=0, where=where)
+    # One verdict for the whole answer: no count and no index of the wrong entries, so that
+    # resubmitting (on Gradescope, say) cannot narrow an answer down entry by entry. Its own
+    # aspect, "answer": the hint engine's guesses about code (NaN from an overflow, ...) would
+    # be wrong here, and would tell whether the answer holds a NaN.
+    return Mismatch("answer", f"not the right answer (you wrote {_written(got)}). Each number must be "
+                    f"within {ANSWER_ATOL:g} of the exact value.", output=0)
 
 
-def answer_hints(*pairs):
-    """An `explain` for Hints: pairs of (wrong answer, hint); the hint of the wrong answer the
-    student wrote (at the answers' own tolerance), else None. A hint names the reasoning that
-    was missed, never the right value nor a fact that gives it away (tests/test_written_answers.py);
-    the pairs are kept on the function (`explain.pairs`) for that test."""
-    table = [(torch.as_tensor(value, dtype=torch.float64), text) for value, text in pairs]
+def _written(got: torch.Tensor) -> str:
+    """The student's own value, briefly."""
+    text = f"{got.item():g}" if got.dim() == 0 else str([round(x, 4) for x in got.flatten().tolist()])
+    return text if len(text) <= 80 else text[:77] + "..."
 
+
+# ------------------------------------------------------------------ hints of likely wrong answers
+# The hints of likely wrong answers live with the instructor's data, in the answer cell of the
+# solution notebook, inside its solution region (so they leave the exercise notebook with the
+# answer), one comment line each:
+#     # hint for [0, 1, 1, 1, 1, 0]: off by one: count the visible keys again ...
+# A table of wrong answers in the package would give the right one away (three wrong parameter
+# counts, each missing one bias, gave the count): the package holds none
+# (tests/test_written_answers.py).
+_HINT_NAMES = {"nan": math.nan, "inf": math.inf, "pi": math.pi, "exp": math.exp, "sin": math.sin, "cos": math.cos}
+HINT_LINE = re.compile(r"^#\s*hint for (.+?):\s+(.+)$")
+
+
+def hint_table(chapter: str, name: str) -> list[tuple[torch.Tensor, str]]:
+    """(wrong answer, hint) pairs for `name` from the chapter's solution notebook; [] where the
+    solutions are not at hand (the student's machine)."""
+    return list(_hint_table(str(solutions_dir() / f"{chapter}.ipynb"), name))
+
+
+@lru_cache(maxsize=None)
+def _hint_table(path: str, name: str) -> tuple:
+    try:
+        with open(path, encoding="utf-8") as f:
+            cells = json.load(f)["cells"]
+    except (OSError, ValueError, KeyError):
+        return ()
+    pairs = []
+    for cell in cells:
+        source = cell.get("source", "")
+        source = source if isinstance(source, str) else "".join(source)
+        if cell.get("cell_type") != "code" or not re.search(rf"^{re.escape(name)}\s*=", source, re.M):
+            continue
+        for line in source.splitlines():
+            m = HINT_LINE.match(line.strip())
+            if m:  # the instructor's own notebook: numbers, nan, inf, pi, exp, sin, cos
+                value = eval(m.group(1), {"__builtins__": {}}, _HINT_NAMES)
+                pairs.append((torch.as_tensor(value, dtype=torch.float64), m.group(2).strip()))
+    return tuple(pairs)
+
+
+def answer_hints(chapter: str, name: str):
+    """An `explain` for Hints: the hint of the likely wrong answer the student wrote (at the
+    answers' own tolerance), from the instructor's table (`hint_table`), else None. A hint names
+    the reasoning that was missed, never the right value nor a fact that gives it away."""
     def explain(call, student, expected, mismatch):
-        if mismatch.aspect != "values" or not student.outputs:
+        if mismatch.aspect != "answer" or not student.outputs:
             return None
         got = student.outputs[0]
-        for value, text in table:
+        for value, text in hint_table(chapter, name):
             if tuple(value.shape) == tuple(got.shape) and bool(close(got, value).all()):
                 return text
         return None
-    explain.pairs = table
     return explain

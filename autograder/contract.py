@@ -140,7 +140,7 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
         Exercise("SinusoidalPositionalEncoding", "module", 3, builds_on=("sinusoidal_positional_encoding",)),
         Exercise("LearnedPositionalEmbedding", "module", 3),
         Exercise("apply_rotary_embedding", "function", 5),
-        Exercise("predict_pe_first_row", "answer", 1),
+        Exercise("predict_pe_row", "answer", 1),
         Exercise("fixed_pe_angles", "function", 2),
     )),
     Chapter("05_masks", "Masks", (
@@ -165,7 +165,7 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
                  outputs=("the output", "the weights", "present_kv's keys", "present_kv's values")),
         Exercise("sliding_window_mask", "function", 2, NO_ATTENTION),
         Exercise("alibi_bias", "function", 3, NO_ATTENTION),
-        Exercise("predict_window_row", "answer", 1),
+        Exercise("predict_online_stats", "answer", 1),
         Exercise("fixed_merge_softmax_stats", "function", 2, NO_ATTENTION,
                  outputs=("the merged maximum m", "the merged sum l")),
     )),

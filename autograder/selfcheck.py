@@ -7,7 +7,9 @@ It runs a few fast cases in the student's own kernel and compares with expected 
 in `autograder/data/selfcheck.agw` (made from the reference solutions by
 `python -m autograder selfcheck-data`), so it needs neither the solutions nor the grader's
 hidden cases, and reveals no reference code. Failures raise `SelfCheckFailed` with the same
-diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint.
+diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint;
+except that a find-the-bug hint (`fixed_*`) names the symptom only, never the fix
+(`cases.extra.symptoms_only`): finding the fix is the exercise.
 
 A written answer ("predict the output", contract kind "answer") is the exception: this check
 runs where the student can read and patch everything, so its data hold no expected value for
@@ -84,6 +86,13 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str
     """(call, mismatch or None, note) for each quick case up to the first failure, then the
     first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
     answer: its form only (`answers.check_form`), whatever its value."""
+    from .cases.extra import symptoms_only
+
+    with symptoms_only():  # a find-the-bug hint names the symptom here, never the fix
+        return _run_checks(chapter, exercise, obj)
+
+
+def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
     from .grading import forbidden_message, judge, variants
 
     ex = CHAPTERS[chapter].exercise(exercise)

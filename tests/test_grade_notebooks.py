@@ -98,7 +98,7 @@ CORRECT_DIFFERENTLY = [
     "        self.W_q, self.W_k, self.W_v = (torch.nn.Linear(d_model, d_k, bias=False) for _ in range(3))\n"
     "    def forward(self, x, mask=None):\n"
     "        return scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x), mask)",
-    "predict_equal_keys_output = torch.tensor([[3, 4.001]])  # a written answer, read in the sandbox",
+    "predict_equal_keys_output = torch.tensor([[4, 2.001]])  # a written answer, read in the sandbox",
     "def fixed_masked_attention(q, k, v, mask):\n    return scaled_dot_product_attention(q, k, v, mask)",
     "raise RuntimeError('a cell that fails does not stop the grading')",
 ]

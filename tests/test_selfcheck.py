@@ -2,15 +2,20 @@
 import contextlib
 import io
 import math
+import re
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
 from autograder import wire
 from autograder.contract import CHAPTERS
 from autograder.references import load_reference
+from autograder.cases.extra import fix_text
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _same(a, b, path="") -> None:
@@ -113,3 +118,63 @@ def test_the_self_check_flags_what_the_grader_penalises_and_passes_correct_code(
     assert not correct_failing
     assert set(missed) == set(SELF_CHECK_MISSES), missed
     assert 1 - len(missed) / mistakes >= 0.95
+
+
+# --------------------------------------------------------------------------- find the bug: symptoms, not fixes
+FIND_THE_BUG = [(ch.id, ex.name) for ch in CHAPTERS.values() for ex in ch.exercises if ex.name.startswith("fixed_")]
+_CODE = re.compile(r"(?:[\w.]+\s*[-+*/]\s*)?[\w.]+\([^()]*\)|[\w.]*\[[^\]]*\]|[\w.]+\s*[-+*/]\s*[\w.]+")
+
+
+def _solution_region(chapter: str, name: str) -> tuple[str, str]:
+    """(the fix's code, the buggy function's code) of a find-the-bug exercise, from the solution
+    notebook: the solution region of `def name`, and the cell that defines `buggy_*`."""
+    nb = nbformat.read(REPO / "solutions" / f"{chapter}.ipynb", as_version=4)
+    (fix,) = [c.source for c in nb.cells if c.cell_type == "code" and f"def {name}(" in c.source]
+    (buggy,) = [c.source for c in nb.cells if c.cell_type == "code" and "def buggy_" in c.source]
+    region = fix.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+    return "\n".join(line.split("#", 1)[0] for line in region.splitlines()), buggy
+
+
+def fix_fragments(chapter: str, name: str) -> list[str]:
+    """The fix's code, as the pieces a hint could quote: each call, subscript and arithmetic of
+    the solution that the buggy function does not have (whitespace removed), and the grader's
+    own words for the fix."""
+    fix, buggy = _solution_region(chapter, name)
+    squeeze = lambda t: re.sub(r"\s+", "", t)  # noqa: E731
+    words = fix_text(chapter, name)  # the grader's fix, in words and code
+    pieces = {squeeze(m) for line in fix.splitlines() + [words] for m in _CODE.findall(line)}
+    pieces = {p for p in pieces if len(p) >= 5 and p not in squeeze(buggy)}
+    return sorted(pieces) + [squeeze(words)]
+
+
+@pytest.mark.parametrize("chapter, name", FIND_THE_BUG, ids=[n for _, n in FIND_THE_BUG])
+def test_the_self_check_names_the_symptom_of_the_unchanged_bug_not_the_fix(chapter, name):
+    """On the buggy function handed in as it is, the self-check says what is wrong (which output,
+    on which case, by how much) and never how to fix it; the grader's report gives the fix."""
+    from grading_helpers import grade_in, namespace_of
+
+    buggy = "buggy_" + name.removeprefix("fixed_")
+    ns = namespace_of(chapter, f"{name} = {buggy}")
+    with pytest.raises(SelfCheckFailed) as e:
+        check(chapter, name, ns[name])
+    text = str(e.value)
+    assert "hint:" in text and re.search(r"\d", text.split("hint:", 1)[1]), text  # a symptom, in numbers
+    squeezed = re.sub(r"\s+", "", text)
+    fragments = fix_fragments(chapter, name)
+    assert len(fragments) >= 2, fragments
+    leaks = [f for f in fragments if f in squeezed]
+    assert not leaks, (name, leaks, text)
+    # the grader's report, read after the work is handed in, does give the fix
+    hints = grade_in(chapter, ns)[name]["hints"]
+    assert any(re.sub(r"\s+", "", fix_text(chapter, name)) in re.sub(r"\s+", "", h) for h in hints), hints
+
+
+def test_the_fix_check_finds_a_fix_in_a_message():
+    """The rule would catch the old hints (chapter 7's and chapter 4's, quoted) and the solution's
+    own code."""
+    assert "l1*torch.exp(m1-m)" in fix_fragments("07_efficient_attention", "fixed_merge_softmax_stats")
+    old = "the sums are still added as they are: rescale each by exp(m_block - m_new) to the new maximum"
+    assert any(f in re.sub(r"\s+", "", old) for f in fix_fragments("07_efficient_attention",
+                                                                    "fixed_merge_softmax_stats"))
+    old = "it must be 2i / d_model (torch.arange(0, d_model, 2))"
+    assert any(f in re.sub(r"\s+", "", old) for f in fix_fragments("04_positional_encoding", "fixed_pe_angles"))

@@ -58,6 +58,7 @@ CHAPTERS = [
     "book/05_masks",
     "book/06_gated_global_attention",
     "book/07_efficient_attention",
+    "book/08_transformer",
 ]
 
 
@@ -247,7 +248,7 @@ def test_notebook_page_offers_its_notebook(site, docname):
     assert nb.cells, f"{target} is an empty notebook"
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS[:6])  # chapter 7 has no exercise notebook
+@pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_links_its_exercise_notebook(site, chapter):
     number_name = chapter.split("/", 1)[1]
     urls = [url for tag, url in _parse(site / f"{chapter}.html").links if tag == "a"]
@@ -255,6 +256,46 @@ def test_chapter_links_its_exercise_notebook(site, chapter):
         f"{chapter} does not link its exercise page"
     assert any(u.endswith(f"/{number_name}.ipynb") and "_downloads" in u for u in urls), \
         f"{chapter} offers no download of exercises/{number_name}.ipynb"
+
+
+class _TextParser(html.parser.HTMLParser):
+    """The visible text of a page (scripts and styles left out)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+
+def page_text(path: Path) -> str:
+    parser = _TextParser()
+    parser.feed(path.read_text(encoding="utf8", errors="replace"))
+    return " ".join(parser.parts)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_written_answer_stands_on_its_chapter_pages(site, chapter):
+    """The rendered chapter page and exercise page, with every output the build printed, do not
+    state the chapter's `predict_*` answers (the rule: tests/test_written_answers.answer_on_page)."""
+    from test_written_answers import ANSWERS, _right, answer_on_page
+
+    number_name = chapter.split("/", 1)[1]
+    answers = [(ch, ex) for ch, ex in ANSWERS if ch == number_name]
+    assert answers
+    for ch, ex in answers:
+        right = _right(ch, ex)
+        for page in (site / f"{chapter}.html", site / "exercises" / f"{number_name}.html"):
+            assert not answer_on_page(right, page_text(page)), (ex.name, page.name)
 
 
 def test_error_outputs_are_shortened_to_the_diagnosis():

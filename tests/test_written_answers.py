@@ -7,7 +7,14 @@ nothing there may give an answer back, and trying values there must teach nothin
   candidate values learns nothing); it flags only the form (stub, not numbers, wrong shape);
 - no hint of a likely wrong answer, and no grader message, states the right value or a sum that
   gives it, and the package source holds no distinctive answer;
-- grading a written answer gives one test at full weight: no meta or CUDA row.
+- grading a written answer gives one test at full weight: no meta or CUDA row;
+- no written answer can be computed from the package's files: the hints of likely wrong answers
+  and those wrong answers are the instructor's data (the solution notebooks), never the package's,
+  whose hint functions give nothing without them; no file of the package holds an answer or a
+  wrong answer of the table; the grader's verdict on a wrong answer has no count or index of
+  wrong entries (resubmitting cannot narrow an answer down entry by entry);
+- no answer stands in its chapter's book page or exercise notebook (the sources here; the
+  rendered pages, with their outputs, in tests/test_site.py).
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ import pytest
 import torch
 
 from autograder import wire
-from autograder.answers import ANSWER_ATOL, close
+from autograder.answers import ANSWER_ATOL, _hint_table, close, hint_table
 from autograder.cases import build_cases
 from autograder.cases.extra import HINTS
 from autograder.contract import CHAPTERS
@@ -32,7 +39,8 @@ from autograder.inputs import SELF_CHECK_SEED
 from autograder.references import load_reference
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check, run_checks
 
-PACKAGE = Path(__file__).resolve().parent.parent / "autograder"
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "autograder"
 
 ANSWERS = [(ch.id, ex) for ch in CHAPTERS.values() for ex in ch.exercises if ex.kind == "answer"]
 IDS = [ex.name for _, ex in ANSWERS]
@@ -126,8 +134,9 @@ def _candidates(right: torch.Tensor, ex_name: str) -> list:
 
 
 def HINTS_OF(ex_name: str):
-    (key,) = [k for k in HINTS if k[1] == ex_name]
-    return HINTS[key].explain.pairs
+    """The instructor's (wrong answer, hint) pairs of an answer, from its solution notebook."""
+    ((chapter, _),) = [k for k in HINTS if k[1] == ex_name]
+    return hint_table(chapter, ex_name)
 
 
 @pytest.mark.parametrize("chapter, ex", ANSWERS, ids=IDS)
@@ -214,6 +223,152 @@ def test_no_hint_or_message_states_the_answer(chapter, ex):
         m = judge(ex, call, student, expected).mismatch
         assert m is not None and m.hint == text, (ex.name, m)
         assert not _gives_away(f"{m.message} {m.hint}", right, wrong), (ex.name, m.message)
+
+
+# ------------------------------------------------------------------ nothing to compute from the package
+def _package_texts() -> dict[str, str]:
+    """Every text file of the package (what a student installs; the self-check data are checked
+    entry by entry above), whitespace normalised."""
+    return {str(p.relative_to(PACKAGE)): " ".join(p.read_text(encoding="utf-8", errors="replace").split())
+            for p in sorted(PACKAGE.rglob("*")) if p.is_file() and p.suffix != ".agw" and "__pycache__" not in p.parts}
+
+
+def _bools_as_numbers(text: str) -> str:
+    return re.sub(r"\bTrue\b", "1", re.sub(r"\bFalse\b", "0", text))
+
+
+def _distinctive_numbers(value: torch.Tensor) -> list[float]:
+    """The numbers of an answer that would not turn up in a file by chance: 10 or more, or not a
+    multiple of 0.01 (sin(3) = 0.1411..., not 0.5)."""
+    return [x for x in value.flatten().tolist()
+            if math.isfinite(x) and (abs(x) >= 10 or abs(x * 100 - round(x * 100)) > 1e-6)]
+
+
+def _written_in(x: float, text: str) -> bool:
+    """Whether `text` writes the number x (to its shown digits, at least three significant)."""
+    for token in NUMBER.findall(text):
+        if "/" in token:
+            continue
+        digits = len(token.lstrip("-").replace(".", "").lstrip("0"))
+        if (digits >= 3 or abs(x) >= 10) and abs(float(token) - x) <= 0.5 * 10 ** -len(token.partition(".")[2]):
+            return True
+    return False
+
+
+def _findable(value: torch.Tensor, texts: dict) -> list[str]:
+    return sorted({name for x in _distinctive_numbers(value) for name, text in texts.items() if _written_in(x, text)})
+
+
+@pytest.mark.parametrize("chapter, ex", ANSWERS, ids=IDS)
+def test_no_written_answer_can_be_computed_from_the_package(chapter, ex, tmp_path, monkeypatch):
+    """What a student holds is the package: its hint functions, with the solutions out of reach,
+    answer nothing for any value; no package file holds the answer, nor any wrong answer of the
+    instructor's table (hints for 512, 520 and 544 gave 552 away)."""
+    right = _right(chapter, ex)
+    table = HINTS_OF(ex.name)
+    assert table, f"{ex.name}: the instructor's table of likely wrong answers is empty"
+    # 1. the package's own hint function, on a machine without the solutions, is no oracle
+    call = _answer_call(chapter, ex)
+    expected = execute(load_reference(chapter), call)
+    monkeypatch.setenv("AUTOGRADER_SOLUTIONS", str(tmp_path))
+    _hint_table.cache_clear()
+    try:
+        assert hint_table(chapter, ex.name) == []
+        explain = HINTS[chapter, ex.name].explain
+        for value in _candidates(right, ex.name):
+            student = execute({ex.target: value}, call)
+            m = judge(ex, call, student, expected).mismatch
+            if m is not None:
+                assert explain(call, student, expected, m) is None and m.hint is None, (ex.name, value, m.hint)
+    finally:
+        _hint_table.cache_clear()
+    # 2. no file of the package holds the answer, nor a hint of the table (nor so its wrong answer)
+    texts = _package_texts()
+    assert not _findable(right, texts), (ex.name, right.tolist(), _findable(right, texts))
+    for _, hint in table:
+        assert not [name for name, text in texts.items() if " ".join(hint.split()) in text], (ex.name, hint)
+
+
+def test_the_package_check_finds_planted_answers():
+    """The scan finds an answer written into the package's source, as the old hint table and a
+    stored vector would be, and passes numbers that only look alike."""
+    texts = {"cases/extra.py": "(552, 'count each bias'), (0.1411, -0.99, 0.03, 0.9996)"}
+    assert _findable(torch.tensor(552.0, dtype=torch.float64), texts) == ["cases/extra.py"]
+    assert _findable(torch.tensor([math.sin(3), math.cos(3), math.sin(.03), math.cos(.03)]), texts) == ["cases/extra.py"]
+    assert _findable(torch.tensor([math.sin(3)]), {"x.py": "rtol=0.15, atol=0.1"}) == []
+
+
+@pytest.mark.parametrize("chapter, ex", ANSWERS, ids=IDS)
+def test_a_wrong_answer_gets_one_verdict_with_no_count_or_index(chapter, ex):
+    """One entry wrong and every entry wrong read the same (but for the value written): no
+    resubmission learns which entries are right."""
+    right = _right(chapter, ex)
+    call = _answer_call(chapter, ex)
+    expected = execute(load_reference(chapter), call)
+    one = right.clone().flatten()
+    one[0] += 1
+    messages = set()
+    for value in (one.reshape(right.shape), right + 1):
+        m = judge(ex, call, execute({ex.target: value.tolist()}, call), expected).mismatch
+        assert m is not None and m.where in (None, [])
+        messages.add(re.sub(r"\(you wrote [^)]*\)", "", m.message))
+    assert len(messages) == 1, messages
+    assert not re.search(r"\bindex\b|\d+ of \d+", messages.pop())
+
+
+# ------------------------------------------------------------------ not on the page
+def _chapter_texts(chapter: str) -> dict[str, str]:
+    import nbformat
+
+    nb = nbformat.read(REPO / "exercises" / f"{chapter}.ipynb", as_version=4)
+    return {f"book/{chapter}.md": (REPO / "book" / f"{chapter}.md").read_text(encoding="utf-8"),
+            f"exercises/{chapter}.ipynb": "\n".join(c.source for c in nb.cells)}
+
+
+SEPARATOR = re.compile(r"[\s,;()\[\]]+")
+
+
+def answer_on_page(value: torch.Tensor, text: str) -> bool:
+    """Whether `text` states the answer: its numbers in a row, as a list, tuple or printed tensor
+    writes them (only separators between them, booleans as 1/0; not a call's arguments, such as
+    randn(3, 4)); for a single number, one that is written as a result ("= 0.5", "is 552").
+    Everyday numbers elsewhere in code or prose do not count."""
+    text = _bools_as_numbers(text)
+    tokens = [(m.start(), m.end(), m.group()) for m in NUMBER.finditer(text)]
+    flat = value.flatten()
+    n = flat.numel()
+    for i in range(len(tokens) - n + 1):
+        run = tokens[i:i + n]
+        if any("/" in t for _, _, t in run):
+            continue
+        if not all(SEPARATOR.fullmatch(text[a[1]:b[0]]) for a, b in zip(run, run[1:])):
+            continue
+        if not bool(close(torch.tensor([float(t) for _, _, t in run], dtype=torch.float64), flat).all()):
+            continue
+        before = text[max(0, run[0][0] - 12):run[0][0]]
+        if n > 1 and not re.search(r"\w\($", before):
+            return True
+        if n == 1 and (abs(float(flat)) >= 10 or re.search(r"(=|\bis|\bgives|\bequals)\s*$", before)):
+            return True
+    return False
+
+
+def test_the_page_check_finds_the_old_answers():
+    """The rule catches what the issue found: chapter 4's row 0 and chapter 7's window row."""
+    assert answer_on_page(torch.tensor([0., 1, 0, 1, 0, 1]), "Row 0 is (0, 1, 0, 1, 0, 1) for every d_model")
+    assert answer_on_page(torch.tensor([0., 0, 1, 1, 1, 0]), "tensor([False, False,  True,  True,  True, False])")
+    assert answer_on_page(torch.tensor([3.0, 1.5032]), "print(m, l)\n3.0 1.5032")
+    assert answer_on_page(torch.tensor(0.5), "so the gate is sigmoid(0) = 0.5 everywhere")
+    assert not answer_on_page(torch.tensor([3.0, 1.5032]), "a maximum of 3 and a sum of 2.37")
+    assert not answer_on_page(torch.tensor([[3.0, 4.0]]), "x = torch.randn(3, 4)")
+    assert not answer_on_page(torch.tensor(0.5), "axvline(h * c - 0.5)")
+
+
+@pytest.mark.parametrize("chapter, ex", ANSWERS, ids=IDS)
+def test_no_answer_stands_in_its_chapter_page_or_notebook(chapter, ex):
+    right = _right(chapter, ex)
+    for name, text in _chapter_texts(chapter).items():
+        assert not answer_on_page(right, text), (ex.name, name)
 
 
 @pytest.mark.parametrize("chapter, ex", ANSWERS, ids=IDS)
