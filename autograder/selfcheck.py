@@ -23,6 +23,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from .device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
 from . import wire
 from .answers import check_form, form, shape_words
 from .calls import Call, Outcome
@@ -64,7 +65,7 @@ def build_fixtures() -> dict:
                     {"call": c.to_plain(), "expected": form(execute(ref, c)).to_plain(), "expected_meta": None}
                     for c in cases]
                 continue
-            meta = dict(variants(cases[:1], "meta"))
+            meta = dict(variants(cases[:1], FAKE_CUDA))  # the device check, as the grader's
             data[f"{chapter.id}/{ex.name}"] = [
                 {"call": c.to_plain(), "expected": _with_float32(execute(ref, c), ref, c).to_plain(),
                  "expected_meta": execute(ref, meta[i]).to_plain() if i in meta else None}
@@ -115,9 +116,10 @@ def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, st
             return results
     first = entries[0]
     if first["expected_meta"] is not None:
-        (_, c), = variants([Call.from_plain(first["call"])], "meta")
-        m = judge(ex, c, execute(namespace, c), Outcome.from_plain(first["expected_meta"])).mismatch
-        results.append((c, m, ""))
+        (_, c), = variants([Call.from_plain(first["call"])], FAKE_CUDA)
+        student = execute(namespace, c)
+        m = judge(ex, c, student, Outcome.from_plain(first["expected_meta"])).mismatch
+        results.append((c, None if unchecked(student) else m, ""))
     return results
 
 
@@ -140,7 +142,7 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
             print(f"  note: {note}")
         return True
     c, m = failed[0]
-    device = " on the meta device (device-portability check)" if c.device == "meta" else ""
+    device = " in the device check (your code run as if on a GPU)" if c.device in DEVICE_CHECKS else ""
     lines = [f"✗ {exercise}: failed on case '{c.case}'{device}", f"  {m.message}"]
     if m.not_implemented:
         lines = [f"✗ {exercise}: not implemented yet (the stub raises NotImplementedError)."]
