@@ -159,7 +159,9 @@ def run_batch(tmp_path, monkeypatch, reg, names, leftovers, warmed=None) -> dict
     grader.devices = ["cpu", "cuda"]
     root = make_class(tmp_path / "class", names)
     out = tmp_path / "grades.csv"
-    results = batch.grade_class(root, grader, jobs=1, csv_path=out, chapters=["01_intuition"], progress=False)
+    # (in this process: the simulated grading is a monkeypatch, which batch's worker processes lack)
+    results = batch.grade_class(root, grader, jobs=1, csv_path=out, chapters=["01_intuition"], progress=False,
+                                in_process=True)
     statuses = [r["Status"] for r in csv.DictReader(out.open()) if r["Status"] in ("ok", "error")]
     return {name: (r.score, r.error, statuses) for name, r in results.items()}
 

@@ -234,7 +234,7 @@ def test_the_container_mode_catches_it_too(tmp_path):
     results = json.loads((root / "results" / "results.json").read_text())
     online = [t for t in results["tests"] if "online_softmax_attention" in t["name"]]
     assert online, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "container" in json.dumps(results) or "uid" in json.dumps(results), results.get("output")
+    assert "sandbox: container" in r.stdout, r.stdout[-3000:]  # (the instructor's output: stdout)
     cpu = [t for t in online if "cpu" in t["name"].lower()] or online
     assert all(t["score"] < t["max_score"] for t in cpu), online
     assert "memory" in " ".join(t.get("output", "") for t in cpu), cpu
