@@ -61,9 +61,10 @@ class Call:
         measure_memory: record the largest tensor the call creates (Outcome.largest_tensor), in
             the caller's process (the self-check's diagnosis: the student's own process can
             disable it, so the grader scores memory by `capped_memory` instead).
-        capped_memory: the grader runs the chapter of this call in children whose memory (hard
-            RLIMIT_DATA, set before any student code runs) is capped at `Limits.memory_case`
-            above what they hold at their start: the kernel, not the student's process, enforces it.
+        capped_memory: a memory case: the grader runs it, on the CPU, in a child of its own whose
+            memory the kernel caps before any student code runs (`memory_case`: RLIMIT_DATA and
+            RLIMIT_AS at `Limits.memory_case` above what the child holds at its start, and a
+            seccomp filter against memory that escapes both); no other case is capped.
         answer: the target is a plain value (a "predict" exercise's answer: a number or a nested
             list of numbers), not called but read, as a float64 CPU tensor (execute.py).
     """
