@@ -338,11 +338,12 @@ def _credit_cpu_only(device: str, result: CaseResult, cpu_passed: bool) -> None:
                           "counts only for cases that are correct there.")
 
 
-def _same_path(cases: list[Call], index: int, result: CaseResult, name: str, cpu_passed: dict) -> list[CaseResult]:
+def _same_path(cases: list[Call], groups: dict, index: int, result: CaseResult, name: str,
+               cpu_passed: dict) -> list[CaseResult]:
     """The device check's results of the cases that take the same code path as case `index`
     (run for them all, `device_check_groups`): its verdict, each credited on its own CPU result."""
     out = []
-    for member, rep in device_check_groups(cases).items():
+    for member, rep in groups.items():
         if rep == index and member != index:
             c = cases[member]
             twin = dataclasses.replace(result, case=c.case, used=list(result.used), figure=None)
@@ -396,6 +397,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
+    groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
     for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
@@ -404,7 +406,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 skipped = CaseResult(c.case, device, c.dtype, False, stop.aspect, f"not run: {stop.message}")
                 test.cases.append(skipped)
                 if device in DEVICE_CHECKS:
-                    test.cases += _same_path(cases, index, skipped, c.case, cpu_passed)
+                    test.cases += _same_path(cases, groups, index, skipped, c.case, cpu_passed)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
             expected = REFERENCES.expected(c, key)
@@ -430,7 +432,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             if student.device_note and not result.note:
                 result.note = (f"run on the meta device: fake CUDA tensors have no values "
                                f"({student.device_note})")
-            twins = _same_path(cases, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []
+            twins = _same_path(cases, groups, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []
             _credit_cpu_only(device, result, cpu_passed.get(index, True))
             if device == "cpu":
                 cpu_passed[index] = result.passed
