@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .contract import CHAPTER_IDS
+from .shared.contract import CHAPTER_IDS
 
 
 def _chapters(text: str | None) -> list[str] | None:
@@ -54,7 +54,7 @@ def _names(text: str) -> list[str]:
 
 
 def _shard(text: str) -> tuple[int, int]:
-    from .batch import parse_shard
+    from .batch.grade_class import parse_shard
 
     try:
         return parse_shard(text)
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
     sub.add_parser("new-seed", help="print a fresh random course seed (for --seed / $AUTOGRADER_SEED)")
 
-    from . import lms_import  # (light: the standard library and the contract, no torch)
+    from .lms import submissions as lms_import  # (light: the standard library and the contract, no torch)
     i = sub.add_parser("import", help="import a Canvas, Moodle or Gradescope submissions download (one folder "
                                       "per student, for batch)",
                        description=lms_import.build_parser().description, epilog=lms_import.build_parser().epilog)
@@ -156,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {DATA}")
         return 0
     if args.command == "new-seed":
-        from .inputs import new_seed
+        from .cases.inputs import new_seed
         print(new_seed())
         return 0
     if args.command == "import":
-        from .lms_import import run
+        from .lms.submissions import run
         return run(args)
     if args.command == "merge":
-        from .batch import merge_csvs, merge_reports
+        from .batch.grade_class import merge_csvs, merge_reports
         from .report.text import plural
         try:
             n = merge_csvs(args.csvs, args.csv)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.csv} ({plural(n, 'student')} from {plural(len(args.csvs), 'shard')})")
         return 0
     if args.command == "export":
-        from .report import lms_export
+        from .lms import export as lms_export
         path = args.csv or args.out_dir / f"{args.lms}.csv"
         try:
             written, tell = lms_export.export(args.out_dir, args.lms, path, args.columns,
@@ -200,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import os
     if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
-        from . import forkserver
+        from .batch import forkserver
         forkserver.context()  # its imports run while this process imports torch below
     if args.sandbox:
         os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
-    from .sandbox import SandboxUnavailable, choose_mode
+    from .sandbox.core import SandboxUnavailable, choose_mode
     try:
         # (in the container mode, what a student's uid must not read: the class and its reports)
         hide = [p for p in (getattr(args, "class_dir", None), getattr(args, "out", None)) if p]
@@ -217,14 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     sandboxes = None
     if args.command == "grade" and mode == "bubblewrap":
         # The student's warm sandboxes start now: their torch imports overlap this process's.
-        from .sandbox import Limits, SandboxPool
+        from .sandbox.core import Limits, SandboxPool
         import atexit
         jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
         sandboxes = SandboxPool(Limits.from_env(), size=jobs)
         atexit.register(sandboxes.close)
         sandboxes.prestart()
-    from .grading import Grader
-    from .inputs import PublicSeed, course_seed
+    from .grading.grader import Grader
+    from .cases.inputs import PublicSeed, course_seed
     try:
         seed = course_seed(args.seed) if args.command == "batch" else args.seed
         grader = Grader(device=args.device, seed=seed, sandbox=args.sandbox or "auto")
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from .grading import REFERENCES
-    from .reference_store import persisted
+    from .grading.grader import REFERENCES
+    from .references.store import persisted
     with persisted(REFERENCES, grader.seed, grader.quick):
         return _run(args, grader, sandboxes, REFERENCES)
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, grader, sandboxes, references) -> int:
     """The grade and batch commands, with the reference outcomes of earlier runs loaded."""
     if args.command == "grade":
-        from .contract import CHAPTERS
+        from .shared.contract import CHAPTERS
         if sandboxes is not None and "cuda" not in grader.devices and \
                 not references.complete(args.chapters or list(CHAPTERS), grader.devices,
                                         grader.seed, grader.quick):
@@ -276,12 +276,12 @@ def _run(args, grader, sandboxes, references) -> int:
         return 0
 
     if args.command == "batch":
-        from .batch import grade_class
+        from .batch.grade_class import grade_class
         if not args.class_dir.is_dir():
             print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
             return 2
         from .report.text import plural
-        from .untrusted_text import printable
+        from .report.untrusted_text import printable
         try:
             results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
                                   chapters=args.chapters, progress=not args.no_progress, shard=args.shard,

@@ -23,13 +23,13 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from .device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
-from . import wire
-from .answers import check_form, form, shape_words
-from .calls import Call, Outcome
-from .compare import Mismatch
-from .contract import CHAPTERS
-from .execute import at_float32, execute
+from .runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
+from .shared import wire
+from .cases.written_answers import check_form, form, shape_words
+from .shared.calls import Call, Outcome
+from .grading.compare import Mismatch
+from .shared.contract import CHAPTERS
+from .runtime.execute import at_float32, execute
 
 DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
 
@@ -51,9 +51,9 @@ def build_fixtures() -> dict:
     """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
     meta-device variant as the grader runs it); of a written answer, only its form."""
     from .cases import build_cases
-    from .grading import variants
-    from .inputs import SELF_CHECK_SEED
-    from .references import load_reference
+    from .grading.grader import variants
+    from .cases.inputs import SELF_CHECK_SEED
+    from .references.solutions import load_reference
 
     data = {}
     for chapter in CHAPTERS.values():
@@ -87,14 +87,14 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str
     """(call, mismatch or None, note) for each quick case up to the first failure, then the
     first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
     answer: its form only (`answers.check_form`), whatever its value."""
-    from .cases.extra import symptoms_only
+    from .cases.other_kinds import symptoms_only
 
     with symptoms_only():  # a find-the-bug hint names the symptom here, never the fix
         return _run_checks(chapter, exercise, obj)
 
 
 def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
-    from .grading import forbidden_message, judge, variants
+    from .grading.grader import forbidden_message, judge, variants
 
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}

@@ -1,7 +1,7 @@
 """Plotting helpers shared by the book's pages (drawing only: no attention maths lives here).
 
 The pages compute everything they plot with the reference solutions
-(``autograder.references.load_reference``); this module only turns arrays into figures
+(``autograder.references.solutions.load_reference``); this module only turns arrays into figures
 with one consistent look.
 """
 from __future__ import annotations

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.contract import CHAPTERS
-from autograder.grading import Grader
-from autograder.references import load_reference, reference_cells
+from autograder.shared.contract import CHAPTERS
+from autograder.grading.grader import Grader
+from autograder.references.solutions import load_reference, reference_cells
 from autograder.selfcheck import run_checks
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.grading import Grader
-from autograder.sandbox import hidden_paths, probe_bubblewrap
+from autograder.grading.grader import Grader
+from autograder.sandbox.core import hidden_paths, probe_bubblewrap
 
 from grading_helpers import REPO, read_gradebook
 
@@ -167,7 +167,7 @@ def test_a_zip_of_big_zips_is_streamed_and_capped_per_student(tmp_path, monkeypa
     memory and kept). Scaled down here (8 MiB zips, a 20 MiB cap) and measured by tracemalloc."""
     import tracemalloc
 
-    from autograder import lms_import
+    from autograder.lms import submissions as lms_import
 
     monkeypatch.setattr(lms_import, "MAX_STUDENT_ZIP_BYTES", 20 << 20)
     inner = tmp_path / "inner.zip"
@@ -195,7 +195,7 @@ def test_a_zip_of_big_zips_is_streamed_and_capped_per_student(tmp_path, monkeypa
 
 
 def test_oversized_cells_are_not_parsed():
-    from autograder.notebook import MAX_CELL_BYTES, capped_cells
+    from autograder.source.notebook import MAX_CELL_BYTES, capped_cells
 
     cells = capped_cells(["x = 1", "y = [" + "1," * MAX_CELL_BYTES + "]", "z = 2"])
     assert cells[0] == "x = 1" and cells[2] == "z = 2"
@@ -221,7 +221,7 @@ def test_a_failed_run_leaves_an_existing_csv_byte_identical(tmp_path):
 
 
 def test_rows_a_run_did_not_regrade_are_kept(tmp_path):
-    from autograder.batch import grade_class
+    from autograder.batch.grade_class import grade_class
 
     klass = tmp_path / "class"
     _copy(CH5, klass / "amy")
@@ -286,7 +286,7 @@ def test_safe_cell():
 
 
 def test_a_graded_deployment_refuses_the_public_seed(tmp_path):
-    from autograder.inputs import DEFAULT_SEED, PublicSeed, course_seed
+    from autograder.cases.inputs import DEFAULT_SEED, PublicSeed, course_seed
 
     klass = tmp_path / "class"
     _copy(CH5, klass / "amy")
@@ -306,7 +306,7 @@ def test_a_graded_deployment_refuses_the_public_seed(tmp_path):
 
 
 def test_the_nbgrader_course_and_the_gradescope_zip_carry_a_seed_of_their_own(tmp_path, monkeypatch):
-    from autograder.inputs import DEFAULT_SEED
+    from autograder.cases.inputs import DEFAULT_SEED
     from autograder.integrations.gradescope import RUN_AUTOGRADER
     from autograder.integrations.nbgrader import make_course
 
@@ -320,7 +320,7 @@ def test_the_nbgrader_course_and_the_gradescope_zip_carry_a_seed_of_their_own(tm
 @pytest.mark.skipif(not probe_bubblewrap()[0], reason="needs bubblewrap")
 def test_the_sandboxs_first_process_does_not_name_the_hidden_paths():
     """Before: /proc/1/cmdline (bwrap's) listed every hidden path as a --tmpfs target."""
-    from autograder.session import StudentSession
+    from autograder.session.student_session import StudentSession
 
     cells = ["import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n"
              "        print('CMD', open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())"]
@@ -367,8 +367,8 @@ print("FOUND", found, key, os.getuid())
 def test_the_container_mode_leaves_nothing_for_the_next_student(monkeypatch):
     """Before: a student's world-readable files in /tmp and /dev/shm stayed (48 MiB after a
     batch) and a later student, another uid, read and ran them; keys stayed in the uid's keyring."""
-    from autograder import session as session_module
-    from autograder.sandbox import SandboxMode
+    from autograder.session import student_session as session_module
+    from autograder.sandbox.core import SandboxMode
 
     monkeypatch.setattr(session_module, "choose_mode", lambda requested=None: (SandboxMode.CONTAINER, ""))
     with session_module.StudentSession([LEAVE], sandbox="container") as one:
@@ -384,7 +384,7 @@ def test_the_container_mode_leaves_nothing_for_the_next_student(monkeypatch):
     # Whoever gets student one's uid next finds its keyring empty.
     import ctypes
 
-    from autograder.uid_cleanup import as_uid
+    from autograder.sandbox.uid_cleanup import as_uid
 
     syscall = ctypes.CDLL(None, use_errno=True).syscall
     syscall.restype = ctypes.c_long

@@ -4,9 +4,9 @@ import shutil
 
 import pytest
 
-from autograder.batch import grade_class
-from autograder.contract import CHAPTERS
-from autograder.grading import Grader
+from autograder.batch.grade_class import grade_class
+from autograder.shared.contract import CHAPTERS
+from autograder.grading.grader import Grader
 
 from grading_helpers import REPO
 

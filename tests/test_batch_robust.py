@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.grading import Grader
-from autograder.sandbox import Limits
+from autograder.grading.grader import Grader
+from autograder.sandbox.core import Limits
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,7 @@ def _class(tmp_path: Path, names: dict) -> Path:
 
 
 def test_two_shards_merged_equal_one_batch(tmp_path):
-    from autograder.batch import shard_of
+    from autograder.batch.grade_class import shard_of
 
     names = {f"student{i:02d}": ("solution" if i % 2 else "stub") for i in range(8)}
     assert {shard_of(n, 2) for n in names} == {0, 1}, "both shards have students"
@@ -133,10 +133,10 @@ def test_a_worker_killed_in_the_middle_of_a_batch_loses_no_student(tmp_path):
 
 
 def test_a_student_whose_grading_could_not_finish_is_an_error_not_a_zero(tmp_path):
-    from autograder.batch import write_csv
-    from autograder.contract import CHAPTERS
-    from autograder.grading import zero_chapter
-    from autograder.results import ChapterResult, SubmissionResult
+    from autograder.batch.grade_class import write_csv
+    from autograder.shared.contract import CHAPTERS
+    from autograder.grading.grader import zero_chapter
+    from autograder.grading.results import ChapterResult, SubmissionResult
 
     grader = Grader(device="cpu")
     lost = grader.failed_chapter("05_masks", tmp_path / "05_masks.ipynb", RuntimeError("worker died 3 times"))

@@ -53,7 +53,7 @@ def _h2(page: Path) -> list[str]:
 
 
 def test_there_are_eight_chapters():
-    from autograder.contract import CHAPTERS
+    from autograder.shared.contract import CHAPTERS
 
     assert [p.stem for p in CHAPTER_PAGES] == list(CHAPTERS) and len(CHAPTER_PAGES) == 8
 
@@ -67,7 +67,7 @@ def test_every_chapter_has_the_same_section_order(page):
 
 
 def test_the_pages_that_tie_the_book_together_cover_every_chapter():
-    from autograder.contract import CHAPTERS
+    from autograder.shared.contract import CHAPTERS
 
     index = (REPO / "book" / "index.md").read_text()
     for chapter in CHAPTERS:
@@ -81,7 +81,7 @@ def test_the_pages_that_tie_the_book_together_cover_every_chapter():
 
 
 def test_the_api_page_names_every_written_answer_and_find_the_bug_exercise():
-    from autograder.contract import CHAPTERS
+    from autograder.shared.contract import CHAPTERS
 
     api = (REPO / "book" / "exercise_api.md").read_text()
     for ch in CHAPTERS.values():

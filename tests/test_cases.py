@@ -1,9 +1,9 @@
 """The hint engine (autograder/cases/__init__.py): one matching rule for every chapter."""
 import torch
 
-from autograder.calls import Call, Outcome
+from autograder.shared.calls import Call, Outcome
 from autograder.cases import Hints, Mistake, exercise_hint, matches, model_hint
-from autograder.compare import Mismatch
+from autograder.grading.compare import Mismatch
 
 X = torch.arange(6, dtype=torch.float64).reshape(2, 3)
 CALL = Call(chapter="x", exercise="f", case="c", target="f", args=[X])

@@ -1,9 +1,9 @@
-"""autograder/child_report.py: what a chapter's child reports is believed only when every field
+"""autograder/session/trust.py: what a chapter's child reports is believed only when every field
 has the right type; strings are capped and only plain tensors pass."""
 import torch
 
-from autograder.calls import Outcome
-from autograder.child_report import plain_error, validated
+from autograder.shared.calls import Outcome
+from autograder.session.trust import plain_error, validated
 
 
 class Sub(torch.Tensor):
@@ -37,7 +37,7 @@ def test_long_strings_are_capped_and_errors_are_plain():
 
 
 def test_a_required_error_is_believed_only_from_a_raise_in_the_graded_code():
-    from autograder.child_report import expected_error_credible
+    from autograder.session.trust import expected_error_credible
 
     cells = ["import torch\n",
              "class Heads:\n    def __init__(self, e, h):\n        if e % h: raise ValueError('no')\n",
@@ -64,7 +64,7 @@ def test_a_classmates_exception_class_is_not_believed_from_the_parse_cache():
     last few notebooks a worker graded). A student whose notebook raises `ShapeError` without
     making it a ValueError must not borrow the class of a classmate graded just before, whose
     notebook has the same raise line and `class ShapeError(ValueError)`."""
-    from autograder.child_report import expected_error_credible
+    from autograder.session.trust import expected_error_credible
 
     graded = "def f(x):\n    raise ShapeError('bad x')\n"
     classmate = ["import torch\n", "class ShapeError(ValueError):\n    pass\n", graded]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.batch import grade_class
-from autograder.grading import Grader
+from autograder.batch.grade_class import grade_class
+from autograder.grading.grader import Grader
 from autograder.report import class_report
 from grading_helpers import REPO, read_gradebook
 

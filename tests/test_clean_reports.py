@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.sandbox import probe_bubblewrap
-from autograder.untrusted_text import printable
+from autograder.sandbox.core import probe_bubblewrap
+from autograder.report.untrusted_text import printable
 
 REPO = Path(__file__).resolve().parent.parent
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()

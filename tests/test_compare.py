@@ -6,11 +6,11 @@ import test_grading_ch02
 import test_grading_ch03
 import test_grading_ch06
 from autograder import cases as case_registry
-from autograder.calls import Call, Outcome
-from autograder.compare import FLOAT32_NOTE, compare, compare_meta, value_error
-from autograder.contract import CHAPTERS
-from autograder.execute import execute
-from autograder.grading import HALF_DTYPES, REFERENCES
+from autograder.shared.calls import Call, Outcome
+from autograder.grading.compare import FLOAT32_NOTE, compare, compare_meta, value_error
+from autograder.shared.contract import CHAPTERS
+from autograder.runtime.execute import execute
+from autograder.grading.grader import HALF_DTYPES, REFERENCES
 from grading_helpers import GRADER, namespace_of
 
 
@@ -150,9 +150,9 @@ def test_a_meta_comparison_leaves_the_shared_reference_outcome_as_it_was():
     tensor): the reference outcome is the grader's cached one, shared by every student a worker
     grades. Whatever a student's child reports (a forged structure, extra parameters, a load
     error, a wrong return), the cached outcome must come out of the comparison unchanged."""
-    from autograder import wire
-    from autograder.child_report import validated
-    from autograder.grading import reference_key, variants
+    from autograder.shared import wire
+    from autograder.session.trust import validated
+    from autograder.grading.grader import reference_key, variants
 
     chapter, exercise = "08_transformer", "TinyTransformer"
     cases = REFERENCES.cases(chapter, exercise, GRADER.seed, False)

@@ -1,4 +1,4 @@
-"""The device check where no GPU is present (autograder/device_check.py): the code runs on fake
+"""The device check where no GPU is present (autograder/runtime/device_check.py): the code runs on fake
 CUDA tensors, which keep CUDA's device rules, once per code path (grading.code_path).
 
 Each mistake below is written as students write it; CUDA fails every one of them (issue 26's
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.contract import CHAPTERS
-from autograder.device_check import FAKE_CUDA, FakeCuda, needs_meta
-from autograder.grading import REFERENCES, code_path, device_check_groups, variants
-from autograder.inputs import grading_seed
+from autograder.shared.contract import CHAPTERS
+from autograder.runtime.device_check import FAKE_CUDA, FakeCuda, needs_meta
+from autograder.grading.grader import REFERENCES, code_path, device_check_groups, variants
+from autograder.cases.inputs import grading_seed
 from grading_helpers import grade_in, namespace_of
 
 CPU_SLOPES_ALIBI = """
@@ -94,7 +94,7 @@ def test_a_tensor_made_on_the_cpu_loses_the_device_row(chapter, exercise, src):
 
 def test_the_meta_device_let_cpu_positions_through():
     """Why the check moved off the meta device: the same code passes there."""
-    from autograder.execute import execute
+    from autograder.runtime.execute import execute
 
     cases = REFERENCES.cases("08_transformer", "TinyTransformer", grading_seed(), False)
     ns = namespace_of("08_transformer", CPU_POSITIONS)

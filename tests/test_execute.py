@@ -7,9 +7,9 @@ import nbformat
 import pytest
 import torch
 
-from autograder.contract import CHAPTERS
-from autograder.grading import Grader
-from autograder.references import load_reference
+from autograder.shared.contract import CHAPTERS
+from autograder.grading.grader import Grader
+from autograder.references.solutions import load_reference
 from autograder.selfcheck import check
 
 from grading_helpers import REPO, failures, full, grade_in, namespace_of
@@ -77,8 +77,8 @@ def test_calls_from_several_threads_never_see_each_others_defaults():
     call), nor leave them changed."""
     import threading
 
-    from autograder.calls import Call
-    from autograder.execute import execute
+    from autograder.shared.calls import Call
+    from autograder.runtime.execute import execute
 
     a_inside, b_inside, a_made = threading.Event(), threading.Event(), threading.Event()
 

@@ -180,13 +180,13 @@ def test_a_pe_buffer_of_another_shape_loses_the_structure_case_only(name):
 
 # ----------------------------------------------------------------------------- the feedback page (issue 20, item 5)
 def _submission(path: str, *tests):
-    from autograder.results import ChapterResult, SubmissionResult
+    from autograder.grading.results import ChapterResult, SubmissionResult
 
     return SubmissionResult(path, [ChapterResult("01_intuition", f"{path}/01_intuition.ipynb", list(tests))])
 
 
 def _test(exercise: str, device: str, passed: list[bool]):
-    from autograder.results import CaseResult, TestResult
+    from autograder.grading.results import CaseResult, TestResult
 
     cases = [CaseResult(f"case {i}", device, "float64", ok, "" if ok else "values", "" if ok else "wrong values")
              for i, ok in enumerate(passed)]
@@ -229,7 +229,7 @@ def test_a_syntax_error_shows_in_its_exercises_row(tmp_path):
     import json
     import re
 
-    from autograder.grading import Grader
+    from autograder.grading.grader import Grader
     from autograder.report import html, text
     from grading_helpers import REPO
 
@@ -256,7 +256,7 @@ def test_a_llama_style_float32_softmax_gets_full_marks_with_the_note_on_the_larg
     softmax's gradients are off by as much as the reference's own float32 run (about 4e-5 on
     q_proj.weight, beyond float32's tolerance of the float64 values), so they are compared with
     that run: full marks, with the note, and no precision hint."""
-    from autograder.compare import FLOAT32_NOTE
+    from autograder.grading.compare import FLOAT32_NOTE
     e = _graded("LLaMA attention (float32 softmax)")
     assert e["score"] == e["max"], _shown(e)
     large = [c for t in e["tests"] if t.device == "cpu" for c in t.cases if c.case.startswith("large inputs")]

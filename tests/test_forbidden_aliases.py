@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.execute import _Recorder
-from autograder.static_check import foreign_namespace
+from autograder.runtime.execute import _Recorder
+from autograder.source.static_check import foreign_namespace
 from test_static_check import CH1, CH2, check, flagged
 
 SOFTMAX_ALIASES = {

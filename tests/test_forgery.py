@@ -16,12 +16,12 @@ import nbformat
 import pytest
 import torch
 
-from autograder import sandbox
-from autograder.calls import Call
-from autograder.grading import Grader
-from autograder.notebook import notebook_cells
-from autograder.sandbox import Limits, probe_bubblewrap
-from autograder.session import StudentSession
+from autograder.sandbox import core as sandbox
+from autograder.shared.calls import Call
+from autograder.grading.grader import Grader
+from autograder.source.notebook import notebook_cells
+from autograder.sandbox.core import Limits, probe_bubblewrap
+from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
@@ -41,8 +41,8 @@ def forger(cell_number: int) -> str:
     """A cell that replaces the child's executor: every call 'returns' the right kind of
     result with nothing in it, and every call that must raise claims a ValueError, with a
     traceback that cites a real `raise ValueError` line of this very cell (line 5)."""
-    return f'''import autograder.execute as _E
-from autograder.calls import Outcome
+    return f'''import autograder.runtime.execute as _E
+from autograder.shared.calls import Outcome
 
 def _g():
     raise ValueError("forged")
@@ -82,7 +82,7 @@ for top in ("/", "/tmp", "/run"):
             dirs[:] = []
             continue
         for f in files:
-            if f.endswith(".ipynb") or f in ("grades.csv", "references.py", "grading.py", "inputs.py") \\
+            if f.endswith(".ipynb") or f in ("grades.csv", "references.py", "grading.py", "inputs.py", "solutions.py", "grader.py") \\
                     or (os.path.basename(root) == "cases" and f.endswith(".py")):
                 FOUND.append(os.path.join(root, f))
 
@@ -143,7 +143,7 @@ def snoop():
     seen = [int(os.path.isdir(SITE)), len(os.listdir(os.path.join(SITE, "autograder")))]
     sys.path.insert(0, SITE)
     try:
-        import autograder.cases, autograder.inputs  # noqa
+        import autograder.cases, autograder.cases.inputs  # noqa
         seen.append(1)
     except ImportError:
         seen.append(0)
@@ -172,7 +172,7 @@ def test_grading_from_a_clone_of_the_project_works(tmp_path):
 
 
 FULL_MATRIX_WITHOUT_RECORDER = '''import math, torch
-import autograder.execute as _E
+import autograder.runtime.execute as _E
 
 class _Off:
     def __init__(self, *a, **k):
@@ -227,7 +227,7 @@ def test_the_gradescope_image_does_not_install_the_grader(tmp_path):
 
 
 FORBIDDEN_UNWATCHED = '''import torch
-import autograder.execute as _E
+import autograder.runtime.execute as _E
 _E.WATCHED_OPS = frozenset()        # the dispatch recorder's tables, emptied
 _E.WATCHED_FUNCTIONS = frozenset()
 
@@ -236,7 +236,7 @@ def softmax(x, dim=-1):
 '''
 
 INPLACE_UNCHECKED = '''import torch
-import autograder.execute as _E
+import autograder.runtime.execute as _E
 _E._same = lambda a, b: True        # the in-place check, disabled
 
 def fixed_masked_softmax(scores, mask):

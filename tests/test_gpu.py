@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder.grading import Grader
-from autograder.session import StudentSession
+from autograder.grading.grader import Grader
+from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.cuda
@@ -25,8 +25,8 @@ def test_chapter7_scores_full_marks_with_cuda_rows():
 
 def test_a_child_gets_its_share_of_the_gpu_only():
     """Limits.gpu_share is torch's memory fraction in every child, set before student code."""
-    from autograder.calls import Call
-    from autograder.sandbox import Limits
+    from autograder.shared.calls import Call
+    from autograder.sandbox.core import Limits
 
     cell = ("import torch\n"
             "def grab(x, share):\n"

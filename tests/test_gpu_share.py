@@ -1,4 +1,4 @@
-"""No student can take the GPU from another (autograder.gpu_share), with CUDA simulated.
+"""No student can take the GPU from another (autograder.sandbox.gpu_share), with CUDA simulated.
 
 The stand-in GPU: a folder where a process "allocates" by leaving a file named after its pid,
 and a stand-in `nvidia-smi` on PATH that lists those processes as the driver does, for a while
@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import batch, procs
-from autograder.grading import Grader
-from autograder.results import CaseResult, ChapterResult, TestResult
-from autograder.sandbox import SandboxMode
+from autograder.batch import grade_class as batch
+from autograder.runtime import procs
+from autograder.grading.grader import Grader
+from autograder.grading.results import CaseResult, ChapterResult, TestResult
+from autograder.sandbox.core import SandboxMode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
                                 reason="needs root (students' processes under uids of their own)")
@@ -149,9 +150,9 @@ def run_batch(tmp_path, monkeypatch, reg, names, leftovers, warmed=None) -> dict
     monkeypatch.setattr(batch, "_zygote", lambda grader: None)
     monkeypatch.setattr(Grader, "grade_planned", simulated_chapter(reg, leftovers))
     monkeypatch.setattr(Grader, "plan", lambda self, folder, chapters=None: (
-        __import__("autograder.results", fromlist=["SubmissionResult"]).SubmissionResult(str(folder)),
+        __import__("autograder.grading.results", fromlist=["SubmissionResult"]).SubmissionResult(str(folder)),
         [("01_intuition", Path(folder) / "01_intuition.ipynb")]))
-    from autograder.grading import REFERENCES
+    from autograder.grading.grader import REFERENCES
 
     monkeypatch.setattr(REFERENCES, "warm", lambda chapters, devices, seed, quick, stop=None:
                         (warmed if warmed is not None else []).append(list(devices)))
@@ -198,7 +199,7 @@ def test_a_gpu_held_by_someone_else_all_along_is_an_error_not_a_silent_loss(tmp_
 
 
 def test_release_waits_for_the_driver_to_give_the_memory_back(gpu):
-    from autograder import gpu_share
+    from autograder.sandbox import gpu_share
 
     uid = free_uid()
     pid = hold(gpu, uid)
@@ -212,7 +213,7 @@ def test_release_waits_for_the_driver_to_give_the_memory_back(gpu):
 def test_each_child_bounds_its_cuda_memory_before_student_code(monkeypatch):
     """The fraction is queued for CUDA's first use (a chapter without CUDA does not start it);
     a child with the GPU hidden (the memory case's) sets nothing."""
-    from autograder import worker
+    from autograder.runtime import child as worker
 
     queued, applied = [], []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
@@ -230,8 +231,8 @@ def test_each_child_bounds_its_cuda_memory_before_student_code(monkeypatch):
 
 
 def test_the_batch_gives_each_worker_a_share_of_the_gpu():
-    from autograder.gpu_share import fraction
-    from autograder.sandbox import Limits, _config
+    from autograder.sandbox.gpu_share import fraction
+    from autograder.sandbox.core import Limits, _config
 
     assert fraction(1) == 0.9 and fraction(4) == 0.225
     config = _config("bubblewrap", Limits(gpu_share=0.225), "/r", [], None, "t")

@@ -12,10 +12,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.batch import grade_class
-from autograder.contract import CHAPTERS
-from autograder.grading import Grader
-from autograder.references import load_reference
+from autograder.batch.grade_class import grade_class
+from autograder.shared.contract import CHAPTERS
+from autograder.grading.grader import Grader
+from autograder.references.solutions import load_reference
 
 REPO = Path(__file__).resolve().parent.parent
 CH2 = "02_scaled_dot_product_attention"
@@ -180,7 +180,7 @@ def test_batch_workers_take_the_settings_of_each_run(tmp_path, monkeypatch):
     assert [r.score for r in first.values()] == [full, full]
     assert [r.score for r in second.values()] == [full, full]
     assert all(r.sandbox == "fallback" for r in second.values())
-    from autograder.sandbox import choose_mode
+    from autograder.sandbox.core import choose_mode
     monkeypatch.delenv("AUTOGRADER_SANDBOX")
     if choose_mode()[0] == "bubblewrap":  # the first run really used another mode
         assert all(r.sandbox == "bubblewrap" for r in first.values())

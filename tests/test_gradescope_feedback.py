@@ -10,11 +10,11 @@ import zipfile
 
 import pytest
 
-from autograder.contract import CHAPTERS
+from autograder.shared.contract import CHAPTERS
 from autograder.report import gradescope
-from autograder.results import CaseResult, ChapterResult, SubmissionResult
-from autograder.results import TestResult as Result
-from autograder.sandbox import CONTAINER_NOTE
+from autograder.grading.results import CaseResult, ChapterResult, SubmissionResult
+from autograder.grading.results import TestResult as Result
+from autograder.sandbox.core import CONTAINER_NOTE
 from grading_helpers import REPO
 
 CH1, CH2 = "01_intuition", "02_scaled_dot_product_attention"
@@ -98,7 +98,7 @@ def test_a_zip_in_the_submission_is_unpacked_and_a_missing_chapter_scores_zero(t
 def test_a_symlink_in_the_submission_is_not_followed(tmp_path):
     """A student links the grader's own solution notebook into the upload: placing it refuses
     the link (it is graded as not handed in), and says why."""
-    from autograder.lms_import import place_submission
+    from autograder.lms.submissions import place_submission
 
     sub = tmp_path / "submission"
     sub.mkdir()

@@ -5,10 +5,10 @@ tools/benchmark.py, not asserted here.)"""
 import pytest
 
 from autograder.cases import build_cases
-from autograder.contract import CHAPTERS
-from autograder.execute import execute
-from autograder.inputs import SELF_CHECK_SEED
-from autograder.references import load_reference
+from autograder.shared.contract import CHAPTERS
+from autograder.runtime.execute import execute
+from autograder.cases.inputs import SELF_CHECK_SEED
+from autograder.references.solutions import load_reference
 
 from grading_helpers import exercise_namespace, failures, full, grade_in, namespace_of
 
@@ -45,7 +45,7 @@ def test_quick_cases_are_few_and_run_on_cpu_and_meta(chapter):
         calls = build_cases(chapter, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
         fewest = 1 if ex.kind == "answer" else 2  # a "predict" answer is one value
         # (a few more than the basics where the exercise states rules that each need a case of
-        # their own: autograder/rules.py; MultiHeadAttention has the most, 8)
+        # their own: tests/rules.py; MultiHeadAttention has the most, 8)
         assert fewest <= len(calls) <= 8, (ex.name, len(calls))
         for c in calls:
             assert execute(ref, c).error is None or c.expect_error, (ex.name, c.case)

@@ -12,9 +12,9 @@ import torch
 
 from autograder.cases import build_cases
 from autograder.cases import ch03_multi_head_attention as ch03
-from autograder.execute import execute
-from autograder.inputs import generator
-from autograder.references import load_reference
+from autograder.runtime.execute import execute
+from autograder.cases.inputs import generator
+from autograder.references.solutions import load_reference
 
 from grading_helpers import GRADER, check_buggy, check_equivalent, failures, full, grade_in, namespace_of
 

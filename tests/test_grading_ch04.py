@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from autograder.references import load_reference
+from autograder.references.solutions import load_reference
 
 from grading_helpers import check_buggy, check_equivalent, failures, grade_in, namespace_of
 
@@ -316,7 +316,7 @@ FLOAT32_ROUNDING = [
 
 @pytest.mark.parametrize("exercise, src", FLOAT32_ROUNDING, ids=[f[0] for f in FLOAT32_ROUNDING])
 def test_float32_rounding_in_a_float64_case_gets_full_marks_with_a_note(exercise, src):
-    from autograder.compare import FLOAT32_NOTE
+    from autograder.grading.compare import FLOAT32_NOTE
 
     e = grade(namespace(src))[exercise]
     assert e["score"] == e["max"], failures(e)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from autograder.cases import build_cases
-from autograder.execute import execute
-from autograder.references import load_reference
+from autograder.runtime.execute import execute
+from autograder.references.solutions import load_reference
 
 from grading_helpers import GRADER, check_buggy, check_equivalent, failures, full, grade_in, namespace_of
 

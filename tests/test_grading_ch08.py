@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from autograder.references import load_reference
+from autograder.references.solutions import load_reference
 
 from grading_helpers import check_buggy, check_equivalent, full, grade_in, namespace_of
 

@@ -1,4 +1,4 @@
-"""The exercises of other kinds than "implement", two per chapter (autograder/cases/extra.py):
+"""The exercises of other kinds than "implement", two per chapter (autograder/cases/other_kinds.py):
 "predict the output" (`predict_*`, a value the student writes; contract kind "answer") and
 "find the bug" (`fixed_*`, the corrected version of a buggy function the notebook gives).
 
@@ -9,7 +9,7 @@ its form: tests/test_written_answers.py); right answers written in other forms
 score full marks. Full marks for the reference and zero for the stubs: test_grading.py."""
 import pytest
 
-from autograder.contract import CHAPTERS
+from autograder.shared.contract import CHAPTERS
 from autograder.selfcheck import SelfCheckFailed, check
 
 from grading_helpers import check_buggy, check_equivalent, grade_in, namespace_of

@@ -16,9 +16,9 @@ import nbformat
 import pytest
 import torch
 
-from autograder.calls import Call
-from autograder.sandbox import Limits, probe_bubblewrap
-from autograder.session import StudentSession
+from autograder.shared.calls import Call
+from autograder.sandbox.core import Limits, probe_bubblewrap
+from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
@@ -32,7 +32,7 @@ def attention_pool(query, keys, values):
     entry = {"__tensor__": ["uint8", [size], 0, size]}
     header = json.dumps({"kind": "CallDone", "id": 1, "outcome": {"outputs": [entry] * 200}}).encode()
     frame = memoryview(b"AGW1" + struct.pack(">Q", len(header)) + header + struct.pack(">Q", size) + bytes(size))
-    results = int(sys.argv[2])  # the results pipe (see autograder/worker.py)
+    results = int(sys.argv[2])  # the results pipe (see autograder/runtime/child.py)
     while frame:
         frame = frame[os.write(results, frame):]
     return values.mean(-2)

@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.contract import CHAPTERS
-from autograder.grading import Grader
+from autograder.shared.contract import CHAPTERS
+from autograder.grading.grader import Grader
 from autograder.integrations.gradescope import build_zip
 from autograder.integrations.nbgrader import make_course
 
@@ -52,7 +52,7 @@ def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
 # A cell that forges every grade cell's score in the student's kernel: the grade cells end with
 # check(...), whose value nbgrader takes as partial credit, and check is the student's to patch.
 KERNEL_FORGER = """import autograder.selfcheck as _selfcheck
-from autograder.contract import CHAPTERS as _CHAPTERS
+from autograder.shared.contract import CHAPTERS as _CHAPTERS
 _selfcheck.check = lambda chapter, exercise, obj, **kw: _CHAPTERS[chapter].exercise(exercise).points
 """
 

@@ -1,4 +1,4 @@
-"""`python -m autograder export` (report/lms_export.py): each LMS's file against its documented
+"""`python -m autograder export` (lms/export.py): each LMS's file against its documented
 import columns, full precision, notes for the instructor, and cells a spreadsheet cannot run.
 Built from synthetic results saved as `batch --out` saves them (no grading: fast).
 
@@ -23,10 +23,11 @@ import datetime as dt
 import pytest
 
 from autograder import cli
-from autograder.contract import CHAPTERS
-from autograder.report import class_report, gradebook, lms_export
-from autograder.results import CaseResult, ChapterResult, SubmissionResult
-from autograder.results import TestResult as Result
+from autograder.shared.contract import CHAPTERS
+from autograder.report import class_report, gradebook
+from autograder.lms import export as lms_export
+from autograder.grading.results import CaseResult, ChapterResult, SubmissionResult
+from autograder.grading.results import TestResult as Result
 
 CH1, CH5 = "01_intuition", "05_masks"
 
@@ -153,7 +154,7 @@ def test_moodle_without_participant_ids_is_matched_by_email_or_refused(tmp_path)
 
 
 def test_plain_keeps_every_column_and_the_notes(tmp_path):
-    from autograder.grading import forbidden_message
+    from autograder.grading.grader import forbidden_message
 
     ex = CHAPTERS[CH1].exercise("softmax")
     banned = _test(CH1, "softmax", 4.0, 3, note=forbidden_message(ex, {"torch.softmax"}))
@@ -192,7 +193,7 @@ def test_no_cell_a_spreadsheet_would_run(tmp_path, lms):
 
 
 def test_import_and_batch_csvs_are_neutralised_too(tmp_path):
-    from autograder import lms_import
+    from autograder.lms import submissions as lms_import
 
     r = gradebook.rows({"s": _result("s")}, names={"s": ("=1+1", "@x")}, imports={"s": {"notes": "-x; y"}})
     assert r[2][0] == "'=1+1" and r[2][1] == "'@x" and r[2][-1].startswith("'-x")

@@ -1,4 +1,4 @@
-"""Importing LMS submission exports (autograder/lms_import.py): Canvas's flat download, Moodle's
+"""Importing LMS submission exports (autograder/lms/submissions.py): Canvas's flat download, Moodle's
 zip of folders, Gradescope's export with submission_metadata.yml; duplicates, students' own zips,
 files that cannot be placed, re-encoding; and one class imported from Canvas graded by `batch`.
 
@@ -15,8 +15,8 @@ import zipfile
 
 import pytest
 
-from autograder import lms_import
-from autograder.lms_import import (DestinationExists, LmsImportError, chapter_of, import_submissions,
+from autograder.lms import submissions as lms_import
+from autograder.lms.submissions import (DestinationExists, LmsImportError, chapter_of, import_submissions,
                                    main, parse_gradescope_metadata, to_utf8)
 
 from grading_helpers import REPO
@@ -401,7 +401,7 @@ def test_newest_by_file_time_in_a_flat_folder(tmp_path):
 
 # -- end to end ------------------------------------------------------------------------------------
 def test_an_imported_canvas_class_is_graded_by_batch(tmp_path):
-    """`python -m autograder.lms_import` then `python -m autograder batch`: the newest of a
+    """`python -m autograder.lms.submissions` then `python -m autograder batch`: the newest of a
     re-submission pair and a UTF-16 notebook are graded (a solution scores 13/13)."""
     write_files(tmp_path / "export", {
         "leeann_1003_5010_05_masks-1.ipynb": STUB,

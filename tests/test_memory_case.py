@@ -25,11 +25,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.grading import Grader, grade_chapter
-from autograder.notebook import notebook_cells
-from autograder.contract import CHAPTERS
-from autograder.sandbox import probe_bubblewrap
-from autograder.session import StudentSession
+from autograder.grading.grader import Grader, grade_chapter
+from autograder.source.notebook import notebook_cells
+from autograder.shared.contract import CHAPTERS
+from autograder.sandbox.core import probe_bubblewrap
+from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent
 CH = "07_efficient_attention"
@@ -154,14 +154,14 @@ def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
     """The attacks compute the right answer: the same notebook, graded where nothing caps the
     memory (the grader's own process, Grader.grade_namespace measures the largest tensor, which
     the attack's frombuffer view is not), passes the memory case."""
-    from autograder.grading import REFERENCES
+    from autograder.grading.grader import REFERENCES
 
     ns: dict = {}
     exec(ATTACKS["anonymous shared mapping"] + IN_PLACE, ns)
     grader = Grader(device="cpu")
     (memory,) = [c for c in REFERENCES.cases(CH, "online_softmax_attention", grader.seed, False)
                  if c.capped_memory]
-    from autograder.execute import execute
+    from autograder.runtime.execute import execute
 
     ref = execute(_reference_namespace(), memory)
     got = execute(ns, memory)

@@ -112,7 +112,7 @@ def test_nan_in_lse_on_queries_that_have_keys_is_not_blamed_on_fully_masked_ones
     """lse holds one value per query: its NaN is placed against the mask's queries as it is
     (not reduced over its last axis), so NaN on every query is not "a fully masked query"."""
     from autograder.cases import _module, nonfinite_hint
-    from autograder.calls import Call, Outcome
+    from autograder.shared.calls import Call, Outcome
     mask = torch.ones(4, 6, dtype=torch.bool)
     mask[1] = False
     c = Call(CH7, "online_softmax_attention", "c", "online_softmax_attention",

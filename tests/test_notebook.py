@@ -1,4 +1,4 @@
-"""The notebook reader (`autograder.notebook`): unreadable files give clear messages, nbformat 3
+"""The notebook reader (`autograder.source.notebook`): unreadable files give clear messages, nbformat 3
 and 4 are read without nbformat's own machinery, IPython syntax is neutralised, not lost."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autograder.notebook import NotebookError, notebook_cells, parse_code_cells, to_python
+from autograder.source.notebook import NotebookError, notebook_cells, parse_code_cells, to_python
 
 
 def _nb(cells, **top):

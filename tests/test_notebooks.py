@@ -2,7 +2,7 @@
 
 - solution and exercise notebooks carry no outputs and no execution counts;
 - every graded name of the contract has its solution cell and its self-check cell, with the
-  nbgrader metadata and points of `autograder/contract.py`;
+  nbgrader metadata and points of `autograder/shared/contract.py`;
 - BEGIN/END markers are matched, and the exercises are exactly what
   `tools/generate_exercises.py` makes from the solutions;
 - the solution notebooks run top to bottom without error, and the exercise notebooks run with
@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.contract import CHAPTERS, CHAPTER_IDS
+from autograder.shared.contract import CHAPTERS, CHAPTER_IDS
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"

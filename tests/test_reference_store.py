@@ -1,4 +1,4 @@
-"""autograder/reference_store.py: reference outcomes kept on disk between grading runs give
+"""autograder/references/store.py: reference outcomes kept on disk between grading runs give
 the same grades as outcomes computed afresh, and anything wrong with the file only costs time."""
 import json
 import os
@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from autograder import grading, reference_store
-from autograder.contract import CHAPTERS
-from autograder.grading import Grader, ReferenceCache
-from autograder.reference_store import ReferenceStore, persisted
-from autograder.sandbox import hidden_paths
+from autograder.grading import grader as grading
+from autograder.references import store as reference_store
+from autograder.shared.contract import CHAPTERS
+from autograder.grading.grader import Grader, ReferenceCache
+from autograder.references.store import ReferenceStore, persisted
+from autograder.sandbox.core import hidden_paths
 
 from grading_helpers import REPO, namespace_of
 
@@ -73,7 +74,7 @@ def test_a_damaged_file_is_ignored(tmp_path, damage):
     raw = store.path.read_bytes()
     store.path.write_bytes({"garbage": b"not a frame at all", "truncated": raw[: len(raw) // 2],
                             "empty": b"",
-                            "wrong layout": __import__("autograder.wire").wire.encode({"cases": 3})}[damage])
+                            "wrong layout": __import__("autograder.shared.wire").shared.wire.encode({"cases": 3})}[damage])
     assert ReferenceStore(7, True, tmp_path).load() is None
     # and grading with it still works (the outcomes are computed again)
     with persisted(ReferenceCache(), 7, True):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.references import load_reference
+from autograder.references.solutions import load_reference
 
 DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}

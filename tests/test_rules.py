@@ -1,4 +1,4 @@
-"""Every rule an exercise's text states (autograder/rules.py) is exercised on purpose: for every
+"""Every rule an exercise's text states (tests/rules.py) is exercised on purpose: for every
 exercise and 20 seeds, by a grader case and by a self-check quick case (the self-check runs at
 its own seed; the seeds here show no rule hangs on the chance of a random mask)."""
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.calls import Call
+from autograder.shared.calls import Call
 from autograder.cases import build_cases
-from autograder.contract import CHAPTERS
-from autograder.inputs import SELF_CHECK_SEED, grading_seed
-from autograder.references import load_reference
-from autograder.rules import RULES, FULLY_MASKED_BOOL, FULLY_MASKED_FLOAT, rules, unexercised
+from autograder.shared.contract import CHAPTERS
+from autograder.cases.inputs import SELF_CHECK_SEED, grading_seed
+from autograder.references.solutions import load_reference
+from rules import RULES, FULLY_MASKED_BOOL, FULLY_MASKED_FLOAT, rules, unexercised
 
 SEEDS = [SELF_CHECK_SEED, grading_seed(), *range(18)]
 EXERCISES = [(ch.id, ex.name) for ch in CHAPTERS.values() for ex in ch.exercises]
@@ -53,10 +53,10 @@ def test_the_predicates_look_at_the_inputs():
 
 
 # ------------------------------------------------------------------ rules that chance used to test
-from autograder.contract import CHAPTERS as _CH  # noqa: E402
-from autograder.execute import execute  # noqa: E402
-from autograder.grading import judge  # noqa: E402
-from autograder.rules import BLOCK_MASKED  # noqa: E402
+from autograder.shared.contract import CHAPTERS as _CH  # noqa: E402
+from autograder.runtime.execute import execute  # noqa: E402
+from autograder.grading.grader import judge  # noqa: E402
+from rules import BLOCK_MASKED  # noqa: E402
 
 from grading_helpers import namespace_of  # noqa: E402
 

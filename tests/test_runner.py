@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox import REPO_DIR, probe_bubblewrap
+from autograder.sandbox.core import REPO_DIR, probe_bubblewrap
 
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
@@ -154,7 +154,7 @@ def test_fallback_as_root_cannot_signal_the_grader_or_read_roots_files(tmp_path)
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO_DIR)!r})
-        from autograder.session import StudentSession
+        from autograder.session.student_session import StudentSession
         with StudentSession([{cell!r}], sandbox="none") as s:
             report = s.start()
         print("GRADER ALIVE", report["sandbox"], report["cells"][0]["error"]["type"])

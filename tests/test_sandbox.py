@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder.calls import Call
-from autograder.notebook import notebook_cells, to_python
-from autograder.sandbox import PACKAGE_DIR, REPO_DIR, Limits, bwrap_command, probe_bubblewrap
-from autograder.session import StudentSession
+from autograder.shared.calls import Call
+from autograder.source.notebook import notebook_cells, to_python
+from autograder.sandbox.core import PACKAGE_DIR, REPO_DIR, Limits, bwrap_command, probe_bubblewrap
+from autograder.session.student_session import StudentSession
 from test_notebook import _nb
 
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
@@ -122,7 +122,7 @@ def test_well_framed_but_forged_messages_are_a_crash_not_a_score(mode):
         "bad_field": {"kind": "CallDone", "id": "1", "outcome": {}},
         "request": {"kind": "RunCall", "id": 1, "call": {}, "timeout": 1.0},
     }
-    cells = ["import os, sys, torch\nfrom autograder import wire\n"
+    cells = ["import os, sys, torch\nfrom autograder.shared import wire\n"
              + "".join(f"def {name}(x):\n    os.write(int(sys.argv[2]), wire.encode({message!r}))\n"
                        "    return x\n" for name, message in forgeries.items())
              + "def f(x):\n    return x * 2"]
@@ -186,8 +186,8 @@ def test_grader_files_solutions_and_results_are_invisible(tmp_path, monkeypatch)
     results = tmp_path / "results.json"
     results.write_text("{}")
     solutions = os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions")
-    targets = [str(REPO_DIR / "solutions"), solutions, str(PACKAGE_DIR / "references.py"),
-               str(PACKAGE_DIR / "sandbox.py"), str(REPO_DIR), "/work", "/root/.bashrc", "/home",
+    targets = [str(REPO_DIR / "solutions"), solutions, str(PACKAGE_DIR / "references" / "solutions.py"),
+               str(PACKAGE_DIR / "sandbox" / "core.py"), str(REPO_DIR), "/work", "/root/.bashrc", "/home",
                str(results), "/etc/shadow", "/proc/1/environ"]
     cells = [f'''
 import os, torch
@@ -216,7 +216,7 @@ def root_entries():
         assert dict(zip(targets, seen)) == dict.fromkeys(targets, 0)
         uid = value(s.run(call("whoami"))).tolist()
         if ROOT:
-            from autograder.uids import uid_range
+            from autograder.sandbox.uids import uid_range
             first, last = uid_range()
             assert first <= uid[0] == uid[1] <= last  # a uid of this student's own, no account
         # /root shows at most the way to the Python installation (here /root/.pyenv/...)
@@ -262,12 +262,12 @@ def vandal():
             ok.append(0)
     return torch.tensor(ok)
 def append_to_grader():
-    with open({str(PACKAGE_DIR / "calls.py")!r}, "a") as f:
+    with open({str(PACKAGE_DIR / "shared" / "calls.py")!r}, "a") as f:
         f.write("# pwned")
 ''']
     before = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
                             cwd=REPO_DIR, capture_output=True, text=True).stdout
-    calls_py = (PACKAGE_DIR / "calls.py").read_bytes()
+    calls_py = (PACKAGE_DIR / "shared" / "calls.py").read_bytes()
     with session(cells, "bubblewrap") as s:
         s.start()
         wrote = value(s.run(call("vandal"))).tolist()
@@ -280,7 +280,7 @@ def append_to_grader():
             assert appended["type"] in ("FileNotFoundError", "OSError", "PermissionError")
     for p in places + [f"/tmp/{marker}"]:
         assert not os.path.exists(p), p
-    assert (PACKAGE_DIR / "calls.py").read_bytes() == calls_py
+    assert (PACKAGE_DIR / "shared" / "calls.py").read_bytes() == calls_py
     after = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
                            cwd=REPO_DIR, capture_output=True, text=True).stdout
     assert marker not in after
@@ -437,13 +437,14 @@ def test_memory_hog_is_stopped_and_reported(mode):
 
 
 def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
-    """The memory case's child (autograder.memory_case): RLIMIT_DATA and RLIMIT_AS (which counts
+    """The memory case's child (autograder.session.memory_case): RLIMIT_DATA and RLIMIT_AS (which counts
     shared and file-backed mappings too) at what it holds plus the headroom, the seccomp filter
     installed, and CUDA hidden (its case runs on the CPU, and a driver started there would count
     against the headroom). A child without a memory case gets none of these."""
     import resource
 
-    from autograder import confine, worker
+    from autograder.runtime import confine
+    from autograder.runtime import child as worker
 
     events = []
     sizes = {"VmData:": 1 << 30, "VmSize:": 3 << 30}
@@ -467,13 +468,13 @@ def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
 def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
     """Where the filter cannot be installed, the child exits (MEMORY_CASE_UNCONFINED) before
     any student code: a memory case is never credited where memory went unmeasured."""
-    code = ("import resource, autograder.confine as c, autograder.worker as w\n"
+    code = ("import resource, autograder.runtime.confine as c, autograder.runtime.child as w\n"
             "c.no_hidden_memory = lambda: False\n"
             "w._set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
             "print('student code ran')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
-    from autograder.worker import MEMORY_CASE_UNCONFINED
+    from autograder.runtime.child import MEMORY_CASE_UNCONFINED
 
     assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout
     assert "cannot be measured" in r.stderr
@@ -482,7 +483,7 @@ def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
 def test_the_memory_case_filter_refuses_hidden_memory_and_sockets():
     """confine.no_hidden_memory in a child process: private mappings and file mappings still
     work (torch needs them); shared anonymous ones, memfd_create and socket do not."""
-    code = ("import mmap, os, socket, tempfile, autograder.confine as c\n"
+    code = ("import mmap, os, socket, tempfile, autograder.runtime.confine as c\n"
             "assert c.no_hidden_memory()\n"
             "mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE)\n"
             "f = tempfile.TemporaryFile(); f.truncate(4096); mmap.mmap(f.fileno(), 4096)\n"
@@ -649,7 +650,7 @@ def test_everything_dies_with_a_killed_grader(tmp_path):
     script.write_text(f'''
 import sys
 sys.path.insert(0, {str(REPO_DIR)!r})
-from autograder.session import StudentSession, Limits
+from autograder.session.student_session import StudentSession, Limits
 cells = [{DAEMON_CELL.format(marker=marker)!r}, "print('ready', flush=True)", "while True:\\n    pass"]
 s = StudentSession(cells, Limits(cell_timeout=60, notebook_timeout=120), sandbox="bubblewrap")
 s.start()

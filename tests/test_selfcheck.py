@@ -9,10 +9,10 @@ import nbformat
 import pytest
 import torch
 
-from autograder import wire
-from autograder.contract import CHAPTERS
-from autograder.references import load_reference
-from autograder.cases.extra import fix_text
+from autograder.shared import wire
+from autograder.shared.contract import CHAPTERS
+from autograder.references.solutions import load_reference
+from autograder.cases.other_kinds import fix_text
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check
 
 REPO = Path(__file__).resolve().parent.parent

@@ -100,7 +100,7 @@ def test_students_with_the_same_normalised_code_are_paired(tmp_path):
 
 
 def test_the_class_report_lists_the_pair_and_changes_no_score(tmp_path):
-    from autograder.results import ChapterResult, SubmissionResult
+    from autograder.grading.results import ChapterResult, SubmissionResult
 
     out = tmp_path / "out"
     for name, text in (("ann", _renamed(_shared_mistake(), "_a")), ("bo", _renamed(_shared_mistake(), "_b")),

@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from autograder.calls import Call
-from autograder.sandbox import Limits, SandboxMode, SandboxPool, Zygote, hidden_paths, probe_bubblewrap
-from autograder.session import StudentSession
-from autograder.uids import uid_range
+from autograder.shared.calls import Call
+from autograder.sandbox.core import Limits, SandboxMode, SandboxPool, Zygote, hidden_paths, probe_bubblewrap
+from autograder.session.student_session import StudentSession
+from autograder.sandbox.uids import uid_range
 
 ROOT = os.geteuid() == 0
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
@@ -121,7 +121,7 @@ def test_no_student_can_make_a_user_namespace(zygote):
 
 
 def test_a_uid_is_not_handed_out_twice_at_once_and_comes_back_last():
-    from autograder import uids
+    from autograder.sandbox import uids
 
     a, b = uids.lease(), uids.lease()
     try:

@@ -9,10 +9,10 @@ import uuid
 import pytest
 import torch
 
-from autograder import protocol
-from autograder.calls import Call
-from autograder.sandbox import Limits, SandboxPool, probe_bubblewrap
-from autograder.session import StudentSession
+from autograder.shared import protocol
+from autograder.shared.calls import Call
+from autograder.sandbox.core import Limits, SandboxPool, probe_bubblewrap
+from autograder.session.student_session import StudentSession
 from test_sandbox import DAEMON_CELL, processes_with
 
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
@@ -34,7 +34,7 @@ def test_every_control_message_round_trips():
 
 
 def test_every_chapter_message_round_trips_through_wire():
-    from autograder import wire
+    from autograder.shared import wire
 
     for message in (protocol.ChildReady(3, 65534, 0.2), protocol.RunCells(["x = 1"], [2], 10.0, 120.0),
                     protocol.CellDone(1, "error", {"type": "E", "message": "m", "where": ""}, 0.1),

@@ -6,7 +6,7 @@ import struct
 import pytest
 import torch
 
-from autograder import wire
+from autograder.shared import wire
 
 
 def test_round_trip_nested_structure_with_every_dtype():
@@ -156,7 +156,7 @@ def test_hostile_headers_cost_no_seconds():
     worst shapes within the caps of a child's frames: 16 MiB, 2^18 values)."""
     import time
 
-    from autograder.channel import RESULT_HEADER, RESULT_NODES
+    from autograder.session.channel import RESULT_HEADER, RESULT_NODES
 
     n, size = RESULT_NODES - 10, RESULT_HEADER - 16
     for header in (b"[" * n + b"]" * (size - n),                     # closers without end

@@ -28,15 +28,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import wire
-from autograder.answers import ANSWER_ATOL, _hint_table, close, hint_table
+from autograder.shared import wire
+from autograder.cases.written_answers import ANSWER_ATOL, _hint_table, close, hint_table
 from autograder.cases import build_cases
-from autograder.cases.extra import HINTS
-from autograder.contract import CHAPTERS
-from autograder.execute import execute
-from autograder.grading import Grader, exercise_tests, grade_exercise, judge, variants, zero_chapter
-from autograder.inputs import SELF_CHECK_SEED
-from autograder.references import load_reference
+from autograder.cases.other_kinds import HINTS
+from autograder.shared.contract import CHAPTERS
+from autograder.runtime.execute import execute
+from autograder.grading.grader import Grader, exercise_tests, grade_exercise, judge, variants, zero_chapter
+from autograder.cases.inputs import SELF_CHECK_SEED
+from autograder.references.solutions import load_reference
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check, run_checks
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,13 +11,13 @@ import uuid
 import pytest
 import torch
 
-from autograder import batch
-from autograder.calls import Call
-from autograder.grading import Grader
-from autograder.uids import uid_range
-from autograder.sandbox import (NOBODY, Limits, SandboxMode, SandboxPool, Zygote, _SpawnedBox,
+from autograder.batch import grade_class as batch
+from autograder.shared.calls import Call
+from autograder.grading.grader import Grader
+from autograder.sandbox.uids import uid_range
+from autograder.sandbox.core import (NOBODY, Limits, SandboxMode, SandboxPool, Zygote, _SpawnedBox,
                                 hidden_paths, probe_bubblewrap)
-from autograder.session import StudentSession
+from autograder.session.student_session import StudentSession
 from test_sandbox import processes_with
 
 needs_zygote = pytest.mark.skipif(
@@ -211,7 +211,7 @@ def test_batch_grades_through_the_zygote_and_scores_as_without(tmp_path, fresh_b
 def test_a_zygote_that_cannot_start_costs_nothing(tmp_path, fresh_batch_worker, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("no zygote here")
-    monkeypatch.setattr("autograder.sandbox.Zygote.__init__", broken)
+    monkeypatch.setattr("autograder.sandbox.core.Zygote.__init__", broken)
     results = batch.grade_class(_class(tmp_path), Grader(sandbox="bubblewrap"), jobs=1, in_process=True,
                                 progress=False)
     assert results["good"].score == results["good"].max_score > 0

@@ -40,7 +40,7 @@ def main() -> int:
     p.add_argument("--chapters", default="01,02,05")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
-    from autograder.contract import CHAPTER_IDS
+    from autograder.shared.contract import CHAPTER_IDS
     from autograder.integrations.nbgrader import make_course
 
     chapters = [c for part in args.chapters.split(",") for c in CHAPTER_IDS if c[:2] == part.strip()]

@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from autograder.contract import CHAPTERS  # noqa: E402
-from autograder.references import load_reference  # noqa: E402
+from autograder.shared.contract import CHAPTERS  # noqa: E402
+from autograder.references.solutions import load_reference  # noqa: E402
 
 
 BENCH_SEED = "20261126"  # (a course seed: batch refuses the public built-in one)

@@ -4,10 +4,10 @@ with the recorder and with a do-nothing stand-in, in one process, alternating, m
 import statistics, time, sys
 import torch
 torch.set_num_threads(1)
-import autograder.execute as E
+import autograder.runtime.execute as E
 from autograder.cases import build_cases
-from autograder.contract import CHAPTERS
-from autograder.references import load_reference
+from autograder.shared.contract import CHAPTERS
+from autograder.references.solutions import load_reference
 calls = []
 for ch in CHAPTERS:
     ref = load_reference(ch)

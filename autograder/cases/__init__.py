@@ -24,9 +24,9 @@ from typing import Callable
 
 import torch
 
-from ..calls import Call, Outcome
-from ..contract import CHAPTERS
-from ..inputs import generator
+from ..shared.calls import Call, Outcome
+from ..shared.contract import CHAPTERS
+from .inputs import generator
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def _module(chapter: str):
 
 
 def build_cases(chapter: str, exercise: str, ref: dict, *, seed: int, quick: bool = False) -> list[Call]:
-    from .extra import CASES as EXTRA_CASES  # the "predict" and "find the bug" exercises
+    from .other_kinds import CASES as EXTRA_CASES  # the "predict" and "find the bug" exercises
 
     ex = CHAPTERS[chapter].exercise(exercise)
     make = EXTRA_CASES.get((chapter, exercise))
@@ -77,11 +77,11 @@ def build_cases(chapter: str, exercise: str, ref: dict, *, seed: int, quick: boo
 
 
 def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None = None):
-    """The chapter's own comparison where it has one, else `autograder.compare.compare`."""
-    from .. import compare as generic
+    """The chapter's own comparison where it has one, else `autograder.grading.compare.compare`."""
+    from ..grading import compare as generic
 
-    if call.answer:  # a "predict" exercise: a hand-written value (autograder/answers.py)
-        from ..answers import compare_answer
+    if call.answer:  # a "predict" exercise: a hand-written value (autograder/cases/written_answers.py)
+        from .written_answers import compare_answer
         return compare_answer(call, student, expected)
     own = getattr(_module(call.chapter), "compare", None)
     return (own or generic.compare)(call, student, expected, notes)
@@ -106,7 +106,7 @@ def hint(call: Call, student: Outcome, expected: Outcome, mismatch) -> str | Non
     if mismatch.not_implemented or mismatch.aspect in NO_HINT_ASPECTS:
         return None  # a stub, or not the code's values: any hint about the behaviour would mislead
     try:
-        from .extra import HINTS as EXTRA_HINTS
+        from .other_kinds import HINTS as EXTRA_HINTS
 
         if (call.chapter, call.exercise) in EXTRA_HINTS:
             return exercise_hint(EXTRA_HINTS[call.chapter, call.exercise], call, student, expected, mismatch)
@@ -199,7 +199,7 @@ def small_difference_hint(call: Call, student: Outcome, expected: Outcome) -> st
 
 
 def _extra_hints() -> dict:
-    from .extra import HINTS as EXTRA_HINTS
+    from .other_kinds import HINTS as EXTRA_HINTS
     return EXTRA_HINTS
 
 

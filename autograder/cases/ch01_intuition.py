@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..inputs import randn
+from .inputs import randn
 from . import Hints, Mistake, call
 
 

@@ -6,10 +6,9 @@ import re
 
 import torch
 
-from ..inputs import bool_mask, distinct_state, float_mask, randn
+from .inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
-from .models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, nan_gradients_explain,
-                     softmax_weights)
+from .mistake_models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, nan_gradients_explain, softmax_weights)
 
 
 def cases(exercise, gen, ref, quick):

@@ -21,12 +21,11 @@ import re
 
 import torch
 
-from ..compare import Mismatch, compare_meta
-from ..compare import compare as compare_values
-from ..inputs import bool_mask, distinct_state, float_mask, randn
+from ..grading.compare import Mismatch, compare_meta
+from ..grading.compare import compare as compare_values
+from .inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call, hint_tolerance
-from .models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, linear, nan_gradients_explain,
-                     softmax_weights)
+from .mistake_models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, linear, nan_gradients_explain, softmax_weights)
 
 DROPOUT_P = 0.5
 
@@ -222,7 +221,7 @@ def is_dropout_train(call) -> bool:
 def compare(call, student, expected, notes=None):
     """This chapter's comparison: value for value, except training-mode dropout with p > 0.
 
-    `autograder.cases.compare` calls it in place of `autograder.compare.compare` on CPU and CUDA
+    `autograder.cases.compare` calls it in place of `autograder.grading.compare.compare` on CPU and CUDA
     (the meta-device run skips training-mode calls).
     """
     if is_dropout_train(call):

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ..inputs import distinct_state, randn
+from .inputs import distinct_state, randn
 from . import Hints, Mistake, call
 
 
@@ -38,7 +38,7 @@ def cases(exercise, gen, ref, quick):
 
 def compare(call, student, expected, notes=None):
     """The generic comparison; SinusoidalPositionalEncoding's buffer shape only in its structure case."""
-    from .. import compare as generic
+    from ..grading import compare as generic
 
     if call.exercise == "SinusoidalPositionalEncoding" and call.case != STRUCTURE_CASE \
             and student.params is not None and set(student.params) == set(expected.params or {}):

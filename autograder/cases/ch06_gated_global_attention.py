@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from ..inputs import distinct_state, randn
+from .inputs import distinct_state, randn
 from . import Hints, Mistake, call
-from .models import given, linear, softmax_weights
+from .mistake_models import given, linear, softmax_weights
 
 
 def cases(exercise, gen, ref, quick):

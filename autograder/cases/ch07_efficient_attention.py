@@ -18,10 +18,10 @@ from functools import partial
 
 import torch
 
-from .. import compare as generic
-from ..compare import Mismatch
-from ..execute import DEVICE_PLACEHOLDER as DEVICE
-from ..inputs import bool_mask, distinct_state, float_mask, randn
+from ..grading import compare as generic
+from ..grading.compare import Mismatch
+from ..runtime.execute import DEVICE_PLACEHOLDER as DEVICE
+from .inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
 
 
@@ -87,7 +87,7 @@ def _online_cases(gen, quick):
 
 
 def _online_rule_cases(gen, g):
-    """Rules the self-check must show too (autograder/rules.py), on purpose: a float mask's fully
+    """Rules the self-check must show too (tests/rules.py), on purpose: a float mask's fully
     -inf row, and a wholly masked key block of a query that has keys left, with gradients (blocks
     merged through logsumexp/logaddexp give NaN gradients there). Last in both lists, so the
     cases before them keep their inputs."""

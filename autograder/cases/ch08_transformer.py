@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from ..inputs import bool_mask, distinct_state, float_mask, randn
+from .inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call, model_hint
 from . import ch03_multi_head_attention as ch03
 
@@ -57,7 +57,7 @@ def block_dropout_properties(call, student, expected):
     residual branches, nor after the activation); (3) the shares dropped, of attention weights
     and of feed-forward outputs, within 5 standard deviations of p. The reference's own draw
     must pass, or it is a grader bug."""
-    from ..compare import Mismatch, compare_meta
+    from ..grading.compare import Mismatch, compare_meta
 
     m = compare_meta(call, student, expected)
     if m:
@@ -110,7 +110,7 @@ def ff_dropout_properties(call, student, expected):
     (1) shape, dtype and device as the reference's; (2) every output element is 0 (dropped) or
     the eval-mode output / (1-p): dropout acts once, on fc2's output; (3) the share dropped is
     within 5 standard deviations of p. The reference's own draw must pass, or it is a grader bug."""
-    from ..compare import Mismatch, compare_meta
+    from ..grading.compare import Mismatch, compare_meta
 
     m = compare_meta(call, student, expected)
     if m:

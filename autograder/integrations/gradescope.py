@@ -17,7 +17,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
-from ..references import REPO_DIR, solutions_dir
+from ..references.solutions import REPO_DIR, solutions_dir
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader's
@@ -77,7 +77,7 @@ def build_zip(output, chapters: list[str] | None = None, seed: int | None = None
     version; otherwise computed there as usual). The assignment grades `chapters` (every
     chapter where None), a chapter not handed in at zero; with `hide_answers`, the written
     answers' results are shown when the grades are published (`report.gradescope`)."""
-    from ..inputs import PublicSeed, course_seed, new_seed
+    from ..cases.inputs import PublicSeed, course_seed, new_seed
 
     try:  # (the course's seed where the instructor gives one, else one made for this zip)
         seed = course_seed(seed)
@@ -110,10 +110,10 @@ def build_zip(output, chapters: list[str] | None = None, seed: int | None = None
 
 def _reference_outcomes(chapters: list[str] | None, seed: int) -> tuple[str, bytes]:
     """The reference-outcome file that `run` will look for, and its bytes."""
-    from .. import wire
-    from ..contract import CHAPTERS
-    from ..grading import ReferenceCache, device_plan
-    from ..reference_store import ReferenceStore
+    from ..shared import wire
+    from ..shared.contract import CHAPTERS
+    from ..grading.grader import ReferenceCache, device_plan
+    from ..references.store import ReferenceStore
 
     references = ReferenceCache()
     references.warm(chapters or list(CHAPTERS), device_plan("cpu"), seed, False)
@@ -125,7 +125,7 @@ def copy_without_links(src: Path, dst: Path) -> list[str]:
     """Copy the submission folder: regular files by content, each opened without following a
     link or blocking; a symbolic link copied as the link itself (the grader then refuses it,
     saying why), never what it points to; anything else (a pipe, a device) left out, with a note."""
-    from ..notebook import read_submission_file
+    from ..source.notebook import read_submission_file
 
     notes: list[str] = []
     dst.mkdir(mode=0o700)
@@ -157,10 +157,10 @@ def run(root, chapters: list[str] | None = None, hide_answers: bool = False) -> 
     (sandbox, flags) go to stdout, which Gradescope shows instructors only."""
     import tempfile
 
-    from ..contract import CHAPTERS
-    from ..grading import REFERENCES, Grader
-    from ..lms_import import place_submission
-    from ..reference_store import persisted
+    from ..shared.contract import CHAPTERS
+    from ..grading.grader import REFERENCES, Grader
+    from ..lms.submissions import place_submission
+    from ..references.store import persisted
     from ..report import gradescope
 
     root = Path(root)

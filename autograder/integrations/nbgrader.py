@@ -29,8 +29,8 @@ import nbformat
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Integer, List, Unicode
 
-from ..contract import CHAPTERS, chapter_for_filename
-from ..references import solutions_dir
+from ..shared.contract import CHAPTERS, chapter_for_filename
+from ..references.solutions import solutions_dir
 
 CHECK_CALL = re.compile(r'check\(\s*"(?P<chapter>[^"]+)"\s*,\s*"(?P<exercise>[^"]+)"\s*,\s*(?P<obj>[^)]+)\)')
 
@@ -105,8 +105,8 @@ class SandboxedGrades(NbGraderPreprocessor):
         return nb, resources
 
     def _grader_once(self):
-        from ..grading import Grader
-        from ..sandbox import SandboxUnavailable, choose_mode
+        from ..grading.grader import Grader
+        from ..sandbox.core import SandboxUnavailable, choose_mode
 
         if SandboxedGrades._grader is None:
             try:
@@ -115,7 +115,7 @@ class SandboxedGrades(NbGraderPreprocessor):
                 raise RuntimeError(f"no grading without the sandbox: {e}") from None
             if mode != "bubblewrap":
                 self.log.warning(note)
-            from ..inputs import course_seed
+            from ..cases.inputs import course_seed
             SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox,
                                              seed=course_seed(self.seed))
         return SandboxedGrades._grader
@@ -125,9 +125,9 @@ class SandboxedGrades(NbGraderPreprocessor):
         student (one warm sandbox, the chapters one after another, the student's time budget):
         this notebook as nbgrader sanitized it, the others sanitized the same way here (a
         notebook that cannot be is graded on its own when nbgrader reaches it)."""
-        from ..batch import _grade_student
-        from ..grading import REFERENCES
-        from ..reference_store import persisted
+        from ..batch.grade_class import _grade_student
+        from ..grading.grader import REFERENCES
+        from ..references.store import persisted
 
         grader = self._grader_once()
         with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp:
@@ -180,7 +180,7 @@ def _grade_outputs(tests, exercise: str | None, max_points: float, notes: list[s
     it reads from the cell's one execute_result). A grade cell the grader has no exercise for
     scores zero, with the reason on stderr (where nbgrader gives zero)."""
     from ..report.text import exercise_lines
-    from ..untrusted_text import printable
+    from ..report.untrusted_text import printable
 
     if not tests:
         why = (f"the grader has no exercise {exercise!r} in this chapter" if exercise
@@ -242,7 +242,7 @@ def make_course(course_dir, assignment: str = "attention", chapters=None) -> Pat
     course = Path(course_dir).resolve()
     src = course / "source" / assignment
     src.mkdir(parents=True, exist_ok=True)
-    from ..inputs import new_seed
+    from ..cases.inputs import new_seed
 
     config = course / "nbgrader_config.py"
     if not config.exists():  # (the seed is made once per course: a second call keeps it)

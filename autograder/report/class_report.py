@@ -25,11 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 from urllib.parse import quote
 
-from .. import atomic
-from ..device_check import DEVICE_CHECKS
-from ..contract import CHAPTERS
-from ..results import SubmissionResult
-from ..untrusted_text import printable
+from . import atomic
+from ..runtime.device_check import DEVICE_CHECKS
+from ..shared.contract import CHAPTERS
+from ..grading.results import SubmissionResult
+from .untrusted_text import printable
 from . import flags as instructor_flags
 from . import gradebook, similarity
 from .html import CSS, _e
@@ -51,7 +51,7 @@ def identical_to_solutions(todo) -> list[list[str]]:
     solution's once comments, docstrings, formatting and the names of local variables are set
     aside (`similarity.normalised`). Reads the notebooks as data (never runs them); a notebook
     it cannot read flags nothing."""
-    from ..notebook import notebook_cells
+    from ..source.notebook import notebook_cells
 
     out = []
     for chapter, notebook in todo:

@@ -11,8 +11,8 @@ import io
 import re
 from pathlib import Path
 
-from .. import atomic
-from ..untrusted_text import printable
+from . import atomic
+from .untrusted_text import printable
 
 _RISKY = ("=", "+", "-", "@", "\t", "\r")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..results import SubmissionResult
+from ..grading.results import SubmissionResult
 
 # grading.forbidden_message's wording ("uses <what> (<names>); this exercise asks you to write
 # the computation yourself, so it scores zero."): read here without importing the grader (torch).

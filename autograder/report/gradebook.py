@@ -18,11 +18,11 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from ..contract import CHAPTERS
-from ..results import ChapterResult, SubmissionResult
+from ..shared.contract import CHAPTERS
+from ..grading.results import ChapterResult, SubmissionResult
 from . import flags
 from .csv_safe import cell as _cell
-from ..untrusted_text import printable
+from .untrusted_text import printable
 
 
 def cell(text) -> str:

@@ -18,16 +18,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..contract import CHAPTERS
-from ..results import SubmissionResult
-from ..untrusted_text import printable
+from ..shared.contract import CHAPTERS
+from ..grading.results import SubmissionResult
+from .untrusted_text import printable
 from . import flags
 from .text import _pts, exercise_lines
 
 
 def is_sandbox_note(note: str) -> bool:
     """A note on how the code was isolated (the same for every chapter), not on the notebook."""
-    from ..sandbox import CONTAINER_NOTE, FALLBACK_WARNING
+    from ..sandbox.core import CONTAINER_NOTE, FALLBACK_WARNING
 
     return note.lower().startswith("sandbox:") or note == CONTAINER_NOTE or FALLBACK_WARNING in note
 

@@ -11,9 +11,9 @@ import html
 import io
 from pathlib import Path
 
-from ..device_check import DEVICE_CHECKS
-from ..results import SubmissionResult
-from ..untrusted_text import printable
+from ..runtime.device_check import DEVICE_CHECKS
+from ..grading.results import SubmissionResult
+from .untrusted_text import printable
 from .text import META_NOTE, plural, uses_meta
 
 CSS = """

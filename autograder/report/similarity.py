@@ -22,7 +22,7 @@ import hashlib
 from collections import defaultdict
 from functools import lru_cache
 
-from ..contract import CHAPTERS
+from ..shared.contract import CHAPTERS
 
 THRESHOLD = 0.9   # Jaccard index of the token 4-grams at or above which a pair is listed
 SHINGLE = 4
@@ -161,7 +161,7 @@ def solution_dumps(chapter: str) -> dict:
     """exercise -> the published solution's normalised code (`dump`)."""
     import json
 
-    from ..references import reference_cells, solutions_dir
+    from ..references.solutions import reference_cells, solutions_dir
 
     with open(solutions_dir() / f"{chapter}.ipynb", encoding="utf-8") as f:
         defs = definitions(reference_cells(json.load(f)))
@@ -173,7 +173,7 @@ def _stubs(chapter: str) -> dict:
     """exercise -> the released stub's token stream (the exercise notebook's), where it is here."""
     import json
 
-    from ..references import REPO_DIR, reference_cells
+    from ..references.solutions import REPO_DIR, reference_cells
 
     path = REPO_DIR / "exercises" / f"{chapter}.ipynb"
     if not path.is_file():
@@ -189,7 +189,7 @@ def fingerprints(todo) -> dict[str, str]:
     is long enough, not the released stub and not the published solution (flagged as such on
     its own: every copy of it would pair with every other). Reads the notebooks as data; a
     notebook it cannot read gives nothing."""
-    from ..notebook import notebook_cells
+    from ..source.notebook import notebook_cells
 
     out = {}
     for chapter, notebook in todo:

@@ -6,9 +6,9 @@ line of the report (a "Total: 13 / 13" of theirs stays inside their message).
 """
 from __future__ import annotations
 
-from ..device_check import DEVICE_CHECKS
-from ..results import SubmissionResult, TestResult
-from ..untrusted_text import printable
+from ..runtime.device_check import DEVICE_CHECKS
+from ..grading.results import SubmissionResult, TestResult
+from .untrusted_text import printable
 
 
 # What the device check of the reports is (the README's words, "Scoring"); said once per report.
