@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         forkserver.context()  # its imports run while this process imports torch below
     if args.sandbox:
         os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
-    from .sandbox.core import SandboxUnavailable, choose_mode
+    from .sandbox.modes import SandboxUnavailable, choose_mode
     try:
         # (in the container mode, what a student's uid must not read: the class and its reports)
         hide = [p for p in (getattr(args, "class_dir", None), getattr(args, "out", None)) if p]
@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     sandboxes = None
     if args.command == "grade" and mode == "bubblewrap":
         # The student's warm sandboxes start now: their torch imports overlap this process's.
-        from .sandbox.core import Limits, SandboxPool
+        from .sandbox.limits import Limits
+        from .sandbox.pool import SandboxPool
         import atexit
         jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
         sandboxes = SandboxPool(Limits.from_env(), size=jobs)

@@ -28,7 +28,8 @@ import nbformat
 import pytest
 
 from autograder.grading.grader import Grader
-from autograder.sandbox.core import hidden_paths, probe_bubblewrap
+from autograder.sandbox.policy import hidden_paths
+from autograder.sandbox.modes import probe_bubblewrap
 
 from grading_helpers import REPO, read_gradebook
 
@@ -368,7 +369,7 @@ def test_the_container_mode_leaves_nothing_for_the_next_student(monkeypatch):
     """Before: a student's world-readable files in /tmp and /dev/shm stayed (48 MiB after a
     batch) and a later student, another uid, read and ran them; keys stayed in the uid's keyring."""
     from autograder.session import student_session as session_module
-    from autograder.sandbox.core import SandboxMode
+    from autograder.sandbox.modes import SandboxMode
 
     monkeypatch.setattr(session_module, "choose_mode", lambda requested=None: (SandboxMode.CONTAINER, ""))
     with session_module.StudentSession([LEAVE], sandbox="container") as one:

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from autograder.grading.grader import Grader
-from autograder.sandbox.core import Limits
+from autograder.sandbox.limits import Limits
 
 REPO = Path(__file__).resolve().parent.parent
 

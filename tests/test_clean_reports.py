@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.sandbox.core import probe_bubblewrap
+from autograder.sandbox.modes import probe_bubblewrap
 from autograder.report.untrusted_text import printable
 
 REPO = Path(__file__).resolve().parent.parent

@@ -68,7 +68,7 @@ def run_like_gradescope(tmp_path: Path, submission: nbformat.NotebookNode) -> tu
 
 
 def test_bubblewrap_cannot_start_there():
-    code = "from autograder.sandbox.core import probe_bubblewrap; print(probe_bubblewrap()[0])"
+    code = "from autograder.sandbox.modes import probe_bubblewrap; print(probe_bubblewrap()[0])"
     r = subprocess.run([CAPSH, "--drop=cap_sys_admin", "--", "-c", f"{sys.executable} -c '{code}'"],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.stdout.strip() == "False", r.stdout + r.stderr

@@ -16,11 +16,13 @@ import nbformat
 import pytest
 import torch
 
-from autograder.sandbox import core as sandbox
+from autograder.sandbox import modes
+from autograder.sandbox import policy as sandbox
 from autograder.shared.calls import Call
 from autograder.grading.grader import Grader
 from autograder.source.notebook import notebook_cells
-from autograder.sandbox.core import Limits, probe_bubblewrap
+from autograder.sandbox.limits import Limits
+from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +137,7 @@ def test_an_installed_copy_of_the_grader_is_hidden(tmp_path, monkeypatch):
     real = sandbox.interpreter_dirs()
     monkeypatch.setattr(sandbox, "interpreter_dirs", lambda: real + [str(site)])
     monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setitem(sandbox._PROBE, "result", probe_bubblewrap())
+    monkeypatch.setitem(modes._PROBE, "result", probe_bubblewrap())
     assert str(site / "autograder") in sandbox.hidden_paths()
     cells = [f'''import os, sys, torch
 SITE = {str(site)!r}

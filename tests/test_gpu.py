@@ -26,7 +26,7 @@ def test_chapter7_scores_full_marks_with_cuda_rows():
 def test_a_child_gets_its_share_of_the_gpu_only():
     """Limits.gpu_share is torch's memory fraction in every child, set before student code."""
     from autograder.shared.calls import Call
-    from autograder.sandbox.core import Limits
+    from autograder.sandbox.limits import Limits
 
     cell = ("import torch\n"
             "def grab(x, share):\n"

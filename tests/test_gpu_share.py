@@ -28,7 +28,7 @@ from autograder.batch import grade_class as batch
 from autograder.runtime import procs
 from autograder.grading.grader import Grader
 from autograder.grading.results import CaseResult, ChapterResult, TestResult
-from autograder.sandbox.core import SandboxMode
+from autograder.sandbox.modes import SandboxMode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
                                 reason="needs root (students' processes under uids of their own)")
@@ -232,8 +232,9 @@ def test_each_child_bounds_its_cuda_memory_before_student_code(monkeypatch):
 
 def test_the_batch_gives_each_worker_a_share_of_the_gpu():
     from autograder.sandbox.gpu_share import fraction
-    from autograder.sandbox.core import Limits, _config
+    from autograder.sandbox.limits import Limits
+    from autograder.sandbox.policy import child_config
 
     assert fraction(1) == 0.9 and fraction(4) == 0.225
-    config = _config("bubblewrap", Limits(gpu_share=0.225), "/r", [], None, "t")
+    config = child_config("bubblewrap", Limits(gpu_share=0.225), "/r", [], None, "t")
     assert config["cuda_fraction"] == 0.225

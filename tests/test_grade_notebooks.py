@@ -180,7 +180,7 @@ def test_batch_workers_take_the_settings_of_each_run(tmp_path, monkeypatch):
     assert [r.score for r in first.values()] == [full, full]
     assert [r.score for r in second.values()] == [full, full]
     assert all(r.sandbox == "fallback" for r in second.values())
-    from autograder.sandbox.core import choose_mode
+    from autograder.sandbox.modes import choose_mode
     monkeypatch.delenv("AUTOGRADER_SANDBOX")
     if choose_mode()[0] == "bubblewrap":  # the first run really used another mode
         assert all(r.sandbox == "bubblewrap" for r in first.values())

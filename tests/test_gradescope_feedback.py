@@ -14,7 +14,7 @@ from autograder.shared.contract import CHAPTERS
 from autograder.report import gradescope
 from autograder.grading.results import CaseResult, ChapterResult, SubmissionResult
 from autograder.grading.results import TestResult as Result
-from autograder.sandbox.core import CONTAINER_NOTE
+from autograder.sandbox.modes import CONTAINER_NOTE
 from grading_helpers import REPO
 
 CH1, CH2 = "01_intuition", "02_scaled_dot_product_attention"

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from autograder.shared.calls import Call
-from autograder.sandbox.core import Limits, probe_bubblewrap
+from autograder.sandbox.limits import Limits
+from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ import pytest
 from autograder.grading.grader import Grader, grade_chapter
 from autograder.source.notebook import notebook_cells
 from autograder.shared.contract import CHAPTERS
-from autograder.sandbox.core import probe_bubblewrap
+from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
 REPO = Path(__file__).resolve().parent.parent

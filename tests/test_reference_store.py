@@ -13,7 +13,7 @@ from autograder.references import store as reference_store
 from autograder.shared.contract import CHAPTERS
 from autograder.grading.grader import Grader, ReferenceCache
 from autograder.references.store import ReferenceStore, persisted
-from autograder.sandbox.core import hidden_paths
+from autograder.sandbox.policy import hidden_paths
 
 from grading_helpers import REPO, namespace_of
 

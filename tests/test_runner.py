@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox.core import REPO_DIR, probe_bubblewrap
+from autograder.sandbox.policy import REPO_DIR
+from autograder.sandbox.modes import probe_bubblewrap
 
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")

@@ -21,7 +21,9 @@ import torch
 
 from autograder.shared.calls import Call
 from autograder.source.notebook import notebook_cells, to_python
-from autograder.sandbox.core import PACKAGE_DIR, REPO_DIR, Limits, bwrap_command, probe_bubblewrap
+from autograder.sandbox.policy import PACKAGE_DIR, REPO_DIR, bwrap_command
+from autograder.sandbox.limits import Limits
+from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 from test_notebook import _nb
 
@@ -187,7 +189,7 @@ def test_grader_files_solutions_and_results_are_invisible(tmp_path, monkeypatch)
     results.write_text("{}")
     solutions = os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions")
     targets = [str(REPO_DIR / "solutions"), solutions, str(PACKAGE_DIR / "references" / "solutions.py"),
-               str(PACKAGE_DIR / "sandbox" / "core.py"), str(REPO_DIR), "/work", "/root/.bashrc", "/home",
+               str(PACKAGE_DIR / "sandbox" / "policy.py"), str(REPO_DIR), "/work", "/root/.bashrc", "/home",
                str(results), "/etc/shadow", "/proc/1/environ"]
     cells = [f'''
 import os, torch

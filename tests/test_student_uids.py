@@ -14,7 +14,11 @@ import pytest
 import torch
 
 from autograder.shared.calls import Call
-from autograder.sandbox.core import Limits, SandboxMode, SandboxPool, Zygote, hidden_paths, probe_bubblewrap
+from autograder.sandbox.limits import Limits
+from autograder.sandbox.modes import SandboxMode, probe_bubblewrap
+from autograder.sandbox.pool import SandboxPool
+from autograder.sandbox.warm import Zygote
+from autograder.sandbox.policy import hidden_paths
 from autograder.session.student_session import StudentSession
 from autograder.sandbox.uids import uid_range
 

@@ -11,7 +11,9 @@ import torch
 
 from autograder.shared import protocol
 from autograder.shared.calls import Call
-from autograder.sandbox.core import Limits, SandboxPool, probe_bubblewrap
+from autograder.sandbox.limits import Limits
+from autograder.sandbox.pool import SandboxPool
+from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 from test_sandbox import DAEMON_CELL, processes_with
 

@@ -15,8 +15,11 @@ from autograder.batch import grade_class as batch
 from autograder.shared.calls import Call
 from autograder.grading.grader import Grader
 from autograder.sandbox.uids import uid_range
-from autograder.sandbox.core import (NOBODY, Limits, SandboxMode, SandboxPool, Zygote, _SpawnedBox,
-                                hidden_paths, probe_bubblewrap)
+from autograder.sandbox.limits import NOBODY, Limits
+from autograder.sandbox.modes import SandboxMode, probe_bubblewrap
+from autograder.sandbox.pool import SandboxPool
+from autograder.sandbox.warm import Zygote, _SpawnedBox
+from autograder.sandbox.policy import hidden_paths
 from autograder.session.student_session import StudentSession
 from test_sandbox import processes_with
 
@@ -211,7 +214,7 @@ def test_batch_grades_through_the_zygote_and_scores_as_without(tmp_path, fresh_b
 def test_a_zygote_that_cannot_start_costs_nothing(tmp_path, fresh_batch_worker, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("no zygote here")
-    monkeypatch.setattr("autograder.sandbox.core.Zygote.__init__", broken)
+    monkeypatch.setattr("autograder.sandbox.warm.Zygote.__init__", broken)
     results = batch.grade_class(_class(tmp_path), Grader(sandbox="bubblewrap"), jobs=1, in_process=True,
                                 progress=False)
     assert results["good"].score == results["good"].max_score > 0

@@ -19,7 +19,8 @@ from ..report import class_report, gradebook, gradescope, html
 from ..report.csv_safe import row as safe_row
 from ..report.text import plural
 from ..grading.results import ChapterResult, SubmissionResult
-from ..sandbox.core import SandboxMode, SandboxPool, choose_mode
+from ..sandbox.modes import SandboxMode, choose_mode
+from ..sandbox.pool import SandboxPool
 from ..report.untrusted_text import capped, printable
 
 
@@ -64,7 +65,9 @@ def _zygote(grader: Grader):
     """This worker's zygote (`sandbox.Zygote`), started on its first student; None where there
     is none (not root, or it did not start: students then get sandboxes started from scratch)."""
     global _ZYGOTE
-    from ..sandbox.core import Limits, Zygote, hidden_paths, time_now
+    from ..sandbox.limits import Limits, time_now
+    from ..sandbox.warm import Zygote
+    from ..sandbox.policy import hidden_paths
 
     if _ZYGOTE is None:
         _ZYGOTE = False
@@ -96,7 +99,8 @@ def _zygote(grader: Grader):
 def _try(zygote) -> bool:
     """Whether a student's sandbox started by the zygote comes up (namespaces, mounts and the
     drop to nobody all work on this machine)."""
-    from ..sandbox.core import _SpawnedBox, time_now
+    from ..sandbox.warm import _SpawnedBox
+    from ..sandbox.limits import time_now
 
     with SandboxPool(zygote.limits, zygote=zygote) as pool:
         box = pool.acquire()  # (a sandbox of its own if the zygote could not start one)
@@ -342,7 +346,7 @@ def watchdog_seconds(grader: Grader) -> float:
     """How long a worker may spend on one student before the batch kills it: the student's
     budget (their cells and calls) plus a margin for what the budget does not count (start-up,
     reference outcomes, comparisons, the static check, reports)."""
-    from ..sandbox.core import Limits
+    from ..sandbox.limits import Limits
 
     limits = grader.limits or Limits.from_env()
     return limits.student_budget + limits.watchdog_margin

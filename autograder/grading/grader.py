@@ -35,7 +35,7 @@ from ..runtime.execute import at_float32, execute
 from ..cases.inputs import grading_seed
 from ..references.solutions import load_reference
 from .results import CaseResult, ChapterResult, SubmissionResult, TestResult
-from ..sandbox.core import SandboxMode
+from ..sandbox.modes import SandboxMode
 from ..report.untrusted_text import capped
 
 CPU_SHARE = 0.8
@@ -641,7 +641,7 @@ class Grader:
 
     def student_deadline(self) -> float:
         """When the budget of a student whose grading starts now runs out (time.monotonic)."""
-        from ..sandbox.core import Limits
+        from ..sandbox.limits import Limits
 
         return time.monotonic() + (self.limits or Limits.from_env()).student_budget
 
@@ -654,7 +654,7 @@ class Grader:
         if notebook is None:
             return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
         if deadline is not None and time.monotonic() >= deadline:
-            from ..sandbox.core import Limits
+            from ..sandbox.limits import Limits
             from ..session.student_session import budget_message
 
             why = budget_message(self.limits or Limits.from_env())
@@ -683,7 +683,8 @@ class Grader:
                    sandboxes=None) -> SubmissionResult:
         """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once, in this
         student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; made here if None)."""
-        from ..sandbox.core import SandboxMode, SandboxPool, choose_mode
+        from ..sandbox.modes import SandboxMode, choose_mode
+        from ..sandbox.pool import SandboxPool
 
         start = time.perf_counter()
         result, todo = self.plan(path, chapters)

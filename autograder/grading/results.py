@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..sandbox.core import SandboxMode
+    from ..sandbox.modes import SandboxMode
 
 
 @dataclass

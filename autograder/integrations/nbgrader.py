@@ -106,7 +106,7 @@ class SandboxedGrades(NbGraderPreprocessor):
 
     def _grader_once(self):
         from ..grading.grader import Grader
-        from ..sandbox.core import SandboxUnavailable, choose_mode
+        from ..sandbox.modes import SandboxUnavailable, choose_mode
 
         if SandboxedGrades._grader is None:
             try:

@@ -27,7 +27,7 @@ from .text import _pts, exercise_lines
 
 def is_sandbox_note(note: str) -> bool:
     """A note on how the code was isolated (the same for every chapter), not on the notebook."""
-    from ..sandbox.core import CONTAINER_NOTE, FALLBACK_WARNING
+    from ..sandbox.modes import CONTAINER_NOTE, FALLBACK_WARNING
 
     return note.lower().startswith("sandbox:") or note == CONTAINER_NOTE or FALLBACK_WARNING in note
 

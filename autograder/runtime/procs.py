@@ -1,6 +1,6 @@
 """Processes as /proc shows them, and killing a process with everything it started.
 
-Shared by the grader (the fallback mode's children, `autograder.sandbox.core`) and the warm worker
+Shared by the grader (the fallback mode's children, `autograder.sandbox.processes`) and the warm worker
 inside the sandbox (its chapters, `autograder.runtime.child`): standard library only, since it is
 staged into the sandbox with the worker.
 """

@@ -3,7 +3,7 @@ warm worker by forking it into namespaces of its own.
 
 Without it, each student's sandbox starts a fresh Python that imports torch (about 2 s of CPU),
 and in a batch that is most of what a student costs. The zygote is started by
-`autograder.sandbox.core.Zygote` in a bubblewrap sandbox built exactly like a student's (the same
+`autograder.sandbox.warm.Zygote` in a bubblewrap sandbox built exactly like a student's (the same
 read-only view of the system, no repository, solutions or results, no network), except that it
 keeps root's capabilities there: it needs them to make namespaces and mounts. It never runs
 student code. For each `Spawn` it forks a process that

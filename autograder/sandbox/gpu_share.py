@@ -125,7 +125,7 @@ def configure(grader, jobs: int, chapters) -> None:
     import dataclasses
 
     from ..grading.grader import REFERENCES
-    from .core import Limits
+    from .limits import Limits
 
     grader.limits = dataclasses.replace(grader.limits or Limits.from_env(), gpu_share=fraction(jobs))
     try:

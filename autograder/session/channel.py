@@ -8,7 +8,7 @@ import time
 
 from ..shared import protocol
 from ..shared import wire
-from ..sandbox.core import Child
+from ..sandbox.processes import Child
 
 # Caps on a child's frames (the student's process writes them: hostile input). Honest ones are
 # small: over every chapter's solutions, at most 6.7 KB of header and 810 JSON values, 7 deep.

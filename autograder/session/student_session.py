@@ -4,7 +4,7 @@
         report = session.start()            # runs the cells; per-cell status and output
         outcome = session.run(call)         # one graded Call -> Outcome, never raises
 
-The notebook runs in a child process (see `autograder.sandbox.core` for the two sandbox modes);
+The notebook runs in a child process (see `autograder.sandbox` for the three sandbox modes);
 only plain data comes back (`autograder.shared.protocol` messages in `autograder.shared.wire` frames, read
 by `autograder.session.channel` and checked field by field by `autograder.session.trust`), and comparing
 and scoring happen in this process alone.
@@ -36,7 +36,12 @@ from ..shared import wire
 from ..shared.calls import Call, ErrorKind, Outcome
 from .channel import Budget, Capture, Channel, poll_wait
 from .trust import expected_error_credible, plain_error, traceback_in_source, validated
-from ..sandbox.core import Child, Limits, SandboxDied, SandboxMode, SandboxPool, choose_mode, hidden_paths
+from ..sandbox.processes import Child
+from ..sandbox.limits import Limits
+from ..sandbox.warm import SandboxDied
+from ..sandbox.modes import SandboxMode, choose_mode
+from ..sandbox.pool import SandboxPool
+from ..sandbox.policy import hidden_paths
 
 __all__ = ["StudentSession", "Limits"]
 

@@ -21,7 +21,7 @@ message, JSON, with the chapter child's three pipe ends attached (SCM_RIGHTS) to
 
 The zygote channel, between a batch worker and its zygote (`autograder.runtime.child.zygote`): one
 sandbox per batch worker that imports torch once and starts each student's warm worker by
-forking it into namespaces of its own (see `autograder.sandbox.core.Zygote`). Same encoding.
+forking it into namespaces of its own (see `autograder.sandbox.warm.Zygote`). Same encoding.
 
     zygote -> grader Ready(pid, uid, seconds) once, after its imports
     grader -> zygote Spawn(token, config) + [control socket end, output write end]
