@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autograder.runtime.execute import _Recorder
-from autograder.source.static_check import foreign_namespace
+from autograder.source.forbidden import foreign_namespace
 from test_static_check import CH1, CH2, check, flagged
 
 SOFTMAX_ALIASES = {

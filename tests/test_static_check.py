@@ -1,4 +1,4 @@
-"""autograder/source/static_check.py: forbidden built-ins and in-place changes of inputs, found in a
+"""autograder/source/ (symbols, forbidden, in_place, findings): forbidden built-ins and in-place changes of inputs, found in a
 notebook's source by the grader (where the student's process cannot switch the check off).
 
 Each forbidden form is found in the exercise whose code reaches it and in no other; each
@@ -17,8 +17,10 @@ from autograder.cases import build_cases
 from autograder.shared.contract import CHAPTERS
 from autograder.source.notebook import notebook_cells
 from autograder.references.solutions import REPO_DIR, load_reference
-from autograder.source.static_check import (ExerciseFindings, Notebook, findings, forbidden_names, parse,
-                                     tensor_params_from_cases)
+from autograder.source.findings import ExerciseFindings, findings
+from autograder.source.symbols import Notebook, parse
+from autograder.source.forbidden import forbidden_names
+from autograder.source.in_place import tensor_params_from_cases
 
 from ports import PORTS
 

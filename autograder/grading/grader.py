@@ -361,13 +361,13 @@ def forbidden_message(ex: Exercise, names) -> str:
 
 def _static_inplace(static, notebook, call: Call) -> Mismatch | None:
     """The in-place change of one of this call's tensor inputs that the notebook's source shows
-    (`static_check`): measured in the grader, so no student code can hide it."""
-    from ..source import static_check
+    (`source/findings.py`): measured in the grader, so no student code can hide it."""
+    from ..source import in_place
 
     if not static or not static.inplace:
         return None
     try:
-        receiving = static_check.tensor_params_from_cases([call], notebook).get(call.exercise, {})
+        receiving = in_place.tensor_params_from_cases([call], notebook).get(call.exercise, {})
     except Exception:
         return None
     for change in static.inplace:
@@ -391,7 +391,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                    seed: int, quick: bool = False, static=None, notebook=None) -> list[TestResult]:
     """Every test of one exercise; `run` executes a Call on the student's side. A portability
     case (meta, CUDA) earns credit only where the same case is correct on the CPU. `static`:
-    what the notebook's source shows (`static_check.ExerciseFindings` of this exercise, with
+    what the notebook's source shows (`findings.ExerciseFindings` of this exercise, with
     the parsed `notebook`), where the grader has the source: forbidden built-ins and in-place
     changes of inputs, which the student's process cannot hide from it."""
     cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
@@ -456,7 +456,7 @@ def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: lis
                   quick: bool = False, exercises: list[str] | None = None, cells: list[str] | None = None
                   ) -> list[TestResult]:
     """Every exercise of a chapter; with the notebook's `cells`, the static check of its source
-    too (`static_check`)."""
+    too (`source/findings.py`)."""
     static, notebook = _static_findings(chapter, cells, seed, quick)
     tests = []
     for ex in chapter.exercises:
@@ -467,16 +467,17 @@ def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: lis
 
 
 def _static_findings(chapter: Chapter, cells: list[str] | None, seed: int, quick: bool) -> tuple[dict, object]:
-    """exercise -> `static_check.ExerciseFindings` of the notebook's source, and the parsed
+    """exercise -> `findings.ExerciseFindings` of the notebook's source, and the parsed
     notebook ({} and None without cells, or if the check itself fails: it never costs a grade)."""
     if cells is None:
         return {}, None
-    from ..source import static_check
+    from ..source import in_place, symbols
+    from ..source.findings import findings as static_findings
 
     try:
-        notebook = static_check.parse(cells)
+        notebook = symbols.parse(cells)
         calls = [c for ex in chapter.exercises for c in REFERENCES.cases(chapter.id, ex.name, seed, quick)]
-        return static_check.findings(notebook, chapter, static_check.tensor_params_from_cases(calls, notebook)), notebook
+        return static_findings(notebook, chapter, in_place.tensor_params_from_cases(calls, notebook)), notebook
     except Exception:
         return {}, None
 

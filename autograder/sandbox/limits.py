@@ -2,11 +2,9 @@
 from the environment (AUTOGRADER_*), with the messages for each signal and exit."""
 from __future__ import annotations
 
-
 import os
 import signal
 from dataclasses import dataclass, fields
-
 
 
 NOBODY = 65534

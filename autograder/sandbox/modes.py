@@ -3,7 +3,6 @@ the container mode (a uid per student, no namespaces) as root without them, else
 (resource limits only, with a warning)."""
 from __future__ import annotations
 
-
 import os
 import shutil
 import subprocess

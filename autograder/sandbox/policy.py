@@ -3,7 +3,6 @@ package), the paths hidden from it (solutions, the grader's copies, the referenc
 sys.path and environment, and bubblewrap's argv built from them."""
 from __future__ import annotations
 
-
 import atexit
 import glob
 import os

@@ -2,7 +2,6 @@
 sandboxes."""
 from __future__ import annotations
 
-
 import os
 import shutil
 import tempfile

@@ -2,7 +2,6 @@
 everything it started."""
 from __future__ import annotations
 
-
 import json
 import os
 import shutil

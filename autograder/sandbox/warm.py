@@ -3,7 +3,6 @@ student), the batch worker's zygote (torch imported once per worker, each studen
 it), and the chapter children forked from either."""
 from __future__ import annotations
 
-
 import json
 import os
 import shutil
