@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from .grading.grader import REFERENCES
+    from .references.cache import REFERENCES
     from .references.store import persisted
     with persisted(REFERENCES, grader.seed, grader.quick):
         return _run(args, grader, sandboxes, REFERENCES)

@@ -51,7 +51,7 @@ def build_fixtures() -> dict:
     """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
     meta-device variant as the grader runs it); of a written answer, only its form."""
     from .cases import build_cases
-    from .grading.grader import variants
+    from .grading.variants import variants
     from .cases.inputs import SELF_CHECK_SEED
     from .references.solutions import load_reference
 
@@ -94,7 +94,8 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str
 
 
 def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
-    from .grading.grader import forbidden_message, judge, variants
+    from .grading.judge import forbidden_message, judge
+    from .grading.variants import variants
 
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}

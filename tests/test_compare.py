@@ -10,7 +10,8 @@ from autograder.shared.calls import Call, Outcome
 from autograder.grading.compare import FLOAT32_NOTE, compare, compare_meta, value_error
 from autograder.shared.contract import CHAPTERS
 from autograder.runtime.execute import execute
-from autograder.grading.grader import HALF_DTYPES, REFERENCES
+from autograder.grading.variants import HALF_DTYPES
+from autograder.references.cache import REFERENCES
 from grading_helpers import GRADER, namespace_of
 
 
@@ -152,7 +153,8 @@ def test_a_meta_comparison_leaves_the_shared_reference_outcome_as_it_was():
     error, a wrong return), the cached outcome must come out of the comparison unchanged."""
     from autograder.shared import wire
     from autograder.session.trust import validated
-    from autograder.grading.grader import reference_key, variants
+    from autograder.references.cache import reference_key
+    from autograder.grading.variants import variants
 
     chapter, exercise = "08_transformer", "TinyTransformer"
     cases = REFERENCES.cases(chapter, exercise, GRADER.seed, False)

@@ -10,7 +10,8 @@ import torch
 
 from autograder.shared.contract import CHAPTERS
 from autograder.runtime.device_check import FAKE_CUDA, FakeCuda, needs_meta
-from autograder.grading.grader import REFERENCES, code_path, device_check_groups, variants
+from autograder.references.cache import REFERENCES
+from autograder.grading.variants import code_path, device_check_groups, variants
 from autograder.cases.inputs import grading_seed
 from grading_helpers import grade_in, namespace_of
 

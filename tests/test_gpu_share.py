@@ -152,7 +152,7 @@ def run_batch(tmp_path, monkeypatch, reg, names, leftovers, warmed=None) -> dict
     monkeypatch.setattr(Grader, "plan", lambda self, folder, chapters=None: (
         __import__("autograder.grading.results", fromlist=["SubmissionResult"]).SubmissionResult(str(folder)),
         [("01_intuition", Path(folder) / "01_intuition.ipynb")]))
-    from autograder.grading.grader import REFERENCES
+    from autograder.references.cache import REFERENCES
 
     monkeypatch.setattr(REFERENCES, "warm", lambda chapters, devices, seed, quick, stop=None:
                         (warmed if warmed is not None else []).append(list(devices)))

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from autograder.grading.grader import REFERENCES
+from autograder.references.cache import REFERENCES
 
 from grading_helpers import GRADER, check_buggy, check_equivalent, failures, grade_in, namespace_of
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autograder.runtime.execute import execute
-from autograder.grading.grader import REFERENCES
+from autograder.references.cache import REFERENCES
 from autograder.references.solutions import load_reference
 
 from grading_helpers import GRADER, check_buggy, check_equivalent, failures, grade_in, namespace_of
@@ -196,7 +196,7 @@ def test_the_whole_score_matrix_fails_only_the_memory_cases_and_says_why():
 def test_the_memory_case_runs_on_the_cpu_only():
     """The meta device holds no memory to cap: running the 2^26-score case there checked
     nothing the small cases do not, and cost a third of a second of meta kernels a student."""
-    from autograder.grading.grader import variants
+    from autograder.grading.variants import variants
     cases = REFERENCES.cases(CH, "online_softmax_attention", GRADER.seed, False)
     capped = {i for i, c in enumerate(cases) if c.capped_memory}
     assert capped

@@ -154,7 +154,7 @@ def test_moodle_without_participant_ids_is_matched_by_email_or_refused(tmp_path)
 
 
 def test_plain_keeps_every_column_and_the_notes(tmp_path):
-    from autograder.grading.grader import forbidden_message
+    from autograder.grading.judge import forbidden_message
 
     ex = CHAPTERS[CH1].exercise("softmax")
     banned = _test(CH1, "softmax", 4.0, 3, note=forbidden_message(ex, {"torch.softmax"}))

@@ -154,7 +154,7 @@ def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
     """The attacks compute the right answer: the same notebook, graded where nothing caps the
     memory (the grader's own process, Grader.grade_namespace measures the largest tensor, which
     the attack's frombuffer view is not), passes the memory case."""
-    from autograder.grading.grader import REFERENCES
+    from autograder.references.cache import REFERENCES
 
     ns: dict = {}
     exec(ATTACKS["anonymous shared mapping"] + IN_PLACE, ns)

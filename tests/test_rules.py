@@ -55,7 +55,7 @@ def test_the_predicates_look_at_the_inputs():
 # ------------------------------------------------------------------ rules that chance used to test
 from autograder.shared.contract import CHAPTERS as _CH  # noqa: E402
 from autograder.runtime.execute import execute  # noqa: E402
-from autograder.grading.grader import judge  # noqa: E402
+from autograder.grading.judge import judge  # noqa: E402
 from rules import BLOCK_MASKED  # noqa: E402
 
 from grading_helpers import namespace_of  # noqa: E402

@@ -34,7 +34,10 @@ from autograder.cases import build_cases
 from autograder.cases.other_kinds import HINTS
 from autograder.shared.contract import CHAPTERS
 from autograder.runtime.execute import execute
-from autograder.grading.grader import Grader, exercise_tests, grade_exercise, judge, variants, zero_chapter
+from autograder.grading.grader import Grader
+from autograder.grading.scoring import exercise_tests, zero_chapter
+from autograder.grading.judge import grade_exercise, judge
+from autograder.grading.variants import variants
 from autograder.cases.inputs import SELF_CHECK_SEED
 from autograder.references.solutions import load_reference
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check, run_checks

@@ -14,7 +14,8 @@ from tqdm import tqdm
 from . import forkserver
 from ..sandbox import gpu_share
 from ..shared.contract import CHAPTERS
-from ..grading.grader import REFERENCES, Grader
+from ..references.cache import REFERENCES
+from ..grading.grader import Grader
 from ..report import class_report, gradebook, gradescope, html
 from ..report.csv_safe import row as safe_row
 from ..report.text import plural

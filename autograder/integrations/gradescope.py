@@ -112,7 +112,8 @@ def _reference_outcomes(chapters: list[str] | None, seed: int) -> tuple[str, byt
     """The reference-outcome file that `run` will look for, and its bytes."""
     from ..shared import wire
     from ..shared.contract import CHAPTERS
-    from ..grading.grader import ReferenceCache, device_plan
+    from ..references.cache import ReferenceCache
+    from ..grading.variants import device_plan
     from ..references.store import ReferenceStore
 
     references = ReferenceCache()
@@ -158,7 +159,8 @@ def run(root, chapters: list[str] | None = None, hide_answers: bool = False) -> 
     import tempfile
 
     from ..shared.contract import CHAPTERS
-    from ..grading.grader import REFERENCES, Grader
+    from ..references.cache import REFERENCES
+    from ..grading.grader import Grader
     from ..lms.submissions import place_submission
     from ..references.store import persisted
     from ..report import gradescope

@@ -126,7 +126,7 @@ class SandboxedGrades(NbGraderPreprocessor):
         this notebook as nbgrader sanitized it, the others sanitized the same way here (a
         notebook that cannot be is graded on its own when nbgrader reaches it)."""
         from ..batch.grade_class import _grade_student
-        from ..grading.grader import REFERENCES
+        from ..references.cache import REFERENCES
         from ..references.store import persisted
 
         grader = self._grader_once()

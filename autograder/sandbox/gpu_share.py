@@ -124,7 +124,7 @@ def configure(grader, jobs: int, chapters) -> None:
     runs (worker processes receive them)."""
     import dataclasses
 
-    from ..grading.grader import REFERENCES
+    from ..references.cache import REFERENCES
     from .limits import Limits
 
     grader.limits = dataclasses.replace(grader.limits or Limits.from_env(), gpu_share=fraction(jobs))
