@@ -213,20 +213,20 @@ def test_release_waits_for_the_driver_to_give_the_memory_back(gpu):
 def test_each_child_bounds_its_cuda_memory_before_student_code(monkeypatch):
     """The fraction is queued for CUDA's first use (a chapter without CUDA does not start it);
     a child with the GPU hidden (the memory case's) sets nothing."""
-    from autograder.runtime import child as worker
+    from autograder.runtime import prepare as worker
 
     queued, applied = [], []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "_lazy_call", lambda fn, **kw: queued.append(fn))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: applied.append(f))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    worker._cuda_fraction(0.225)
+    worker.cuda_fraction(0.225)
     assert len(queued) == 1 and not applied
     queued[0]()
     assert applied == [0.225]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     queued.clear()
-    worker._cuda_fraction(0.225)
+    worker.cuda_fraction(0.225)
     assert not queued
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from autograder.sandbox.policy import PACKAGE_DIR, RUNTIME_PACKAGES, stage_runtime
 
 # Used although no staged module imports them: the modules the sandbox starts by name.
-ENTRY_POINTS = {"runtime/child.py", "runtime/zygote.py"}
+ENTRY_POINTS = {"runtime/child.py", "runtime/warm.py", "runtime/zygote.py"}
 
 
 def _module_file(dotted: str) -> str:

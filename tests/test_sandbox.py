@@ -446,37 +446,37 @@ def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
     import resource
 
     from autograder.runtime import confine
-    from autograder.runtime import child as worker
+    from autograder.runtime import prepare as worker
 
     events = []
     sizes = {"VmData:": 1 << 30, "VmSize:": 3 << 30}
-    monkeypatch.setattr(worker, "_status_bytes", lambda key: sizes[key])
+    monkeypatch.setattr(worker, "status_bytes", lambda key: sizes[key])
     held = {}
     monkeypatch.setattr(resource, "setrlimit", lambda res, value: events.append(("limit", res, value))
                         or held.__setitem__(res, value))
     monkeypatch.setattr(resource, "getrlimit", lambda res: held.get(res, (resource.RLIM_INFINITY,) * 2))
     monkeypatch.setattr(confine, "no_hidden_memory", lambda: events.append("filter") or True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    worker._set_limits({"rlimits": {"DATA": None, "AS": 8 << 30}, "data_headroom": 64 << 20})
+    worker.set_limits({"rlimits": {"DATA": None, "AS": 8 << 30}, "data_headroom": 64 << 20})
     assert ("limit", resource.RLIMIT_DATA, ((1 << 30) + (64 << 20),) * 2) in events
     assert ("limit", resource.RLIMIT_AS, ((3 << 30) + (64 << 20),) * 2) in events
     assert "filter" in events and os.environ["CUDA_VISIBLE_DEVICES"] == ""
     events.clear()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    worker._set_limits({"rlimits": {"DATA": None}})
+    worker.set_limits({"rlimits": {"DATA": None}})
     assert "filter" not in events and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
 
 
 def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
     """Where the filter cannot be installed, the child exits (MEMORY_CASE_UNCONFINED) before
     any student code: a memory case is never credited where memory went unmeasured."""
-    code = ("import resource, autograder.runtime.confine as c, autograder.runtime.child as w\n"
+    code = ("import resource, autograder.runtime.confine as c, autograder.runtime.prepare as w\n"
             "c.no_hidden_memory = lambda: False\n"
-            "w._set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
+            "w.set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
             "print('student code ran')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
-    from autograder.runtime.child import MEMORY_CASE_UNCONFINED
+    from autograder.runtime.prepare import MEMORY_CASE_UNCONFINED
 
     assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout
     assert "cannot be measured" in r.stderr

@@ -16,7 +16,7 @@ student code. For each `Spawn` it forks a process that
      loopback, then becomes `nobody` with no
      capabilities at all (bounding set, ambient and inheritable cleared, no_new_privs, checked
      in /proc/self/status before anything else happens), and only then serves its control
-     socket (`autograder.runtime.child._serve_box`).
+     socket (`autograder.runtime.child.warm.serve_box`).
 
 So two students never share a /tmp, a process table, a loopback interface or IPC objects, and
 neither can see, signal or trace the zygote. Standard library only (staged into the sandbox).
@@ -67,13 +67,13 @@ def _prctl(option: int, arg: int, what: str) -> None:
 
 def zygote(argv: list[str]) -> None:
     """Started in the zygote's sandbox as ... -c "...; zygote(sys.argv[1:])" CONTROL CONFIG."""
-    from . import child as worker
+    from . import warm as worker
 
     start = time.perf_counter()
     ctl_fd, config = int(argv[0]), json.loads(argv[1])
     sys.path[:] = config["sys_path"]
     _prctl(PR_SET_DUMPABLE, 0, "not dumpable")
-    worker._import_all()
+    worker.import_all()
     from ..shared import protocol as p
 
     loop = worker.ControlLoop(ctl_fd)
@@ -163,7 +163,7 @@ def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> N
     """PID 1 of the student's namespaces: mounts, the drop to nobody, then the warm worker."""
     import select
 
-    from . import child as worker
+    from . import warm as worker
 
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below reaches the zygote's mounts
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['tmp_size']}")
@@ -193,7 +193,7 @@ def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> N
     _prctl(PR_SET_DUMPABLE, 0, "not dumpable")  # its chapters (same uid) cannot trace it
     os.environ["AUTOGRADER_CHILD"] = token
     os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
-    worker._serve_box(ctl_fd, config, start)
+    worker.serve_box(ctl_fd, config, start)
 
 
 def _loopback_up() -> None:

@@ -203,7 +203,7 @@ class _Controlled:
 
 
 class WarmSandbox(_Controlled):
-    """One student's sandbox holding a warm worker (`autograder.runtime.child.warm`) that has imported
+    """One student's sandbox holding a warm worker (`autograder.runtime.warm`) that has imported
     torch once and forks a fresh child per chapter (`fork`), each working in a folder of its own
     under /tmp that the worker removes when that child ends. Several chapters of the student may
     run in it at once (see `SandboxPool`); once none is left, `reset` kills whatever they left
@@ -231,7 +231,7 @@ class WarmSandbox(_Controlled):
                 return zygote.spawn(token, {**config, **zygote.box_config, "nobody": uid}, sock_fd, out_fd)
         else:
             def launch(sock_fd, out_fd):
-                argv = python_argv(RUNTIME_DEST, "warm", [str(sock_fd), json.dumps(config)])
+                argv = python_argv(RUNTIME_DEST, "warm", [str(sock_fd), json.dumps(config)], module="runtime.warm")
                 return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
                                                   probe_bubblewrap()[2], uid=uid),
                                     sock_fd, out_fd, token, workdir)

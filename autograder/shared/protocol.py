@@ -6,7 +6,7 @@ ProtocolError.
 
 The control channel, between the grader and a student's warm worker (one per sandbox).
 
-The warm worker (`autograder.runtime.child.warm`) starts inside the student's sandbox, imports torch
+The warm worker (`autograder.runtime.warm`) starts inside the student's sandbox, imports torch
 and the runtime once, and then forks one fresh child per chapter notebook on request; it never
 runs student code itself. Messages travel over a SOCK_SEQPACKET socket pair: one datagram per
 message, JSON, with the chapter child's three pipe ends attached (SCM_RIGHTS) to `Fork`.
@@ -19,7 +19,7 @@ message, JSON, with the chapter child's three pipe ends attached (SCM_RIGHTS) to
     warm   -> grader ResetDone()             and /tmp is emptied
     warm   -> grader Ready(pid, uid, seconds) once, after its imports
 
-The zygote channel, between a batch worker and its zygote (`autograder.runtime.child.zygote`): one
+The zygote channel, between a batch worker and its zygote (`autograder.runtime.zygote`): one
 sandbox per batch worker that imports torch once and starts each student's warm worker by
 forking it into namespaces of its own (see `autograder.sandbox.warm.Zygote`). Same encoding.
 
