@@ -98,7 +98,7 @@ def test_a_zip_in_the_submission_is_unpacked_and_a_missing_chapter_scores_zero(t
 def test_a_symlink_in_the_submission_is_not_followed(tmp_path):
     """A student links the grader's own solution notebook into the upload: placing it refuses
     the link (it is graded as not handed in), and says why."""
-    from autograder.lms.submissions import place_submission
+    from autograder.lms.placing import place_submission
 
     sub = tmp_path / "submission"
     sub.mkdir()

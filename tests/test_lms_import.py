@@ -15,9 +15,11 @@ import zipfile
 
 import pytest
 
-from autograder.lms import submissions as lms_import
-from autograder.lms.submissions import (DestinationExists, LmsImportError, chapter_of, import_submissions,
-                                   main, parse_gradescope_metadata, to_utf8)
+from autograder.lms import layouts
+from autograder.lms.uploads import DestinationExists, LmsImportError, to_utf8
+from autograder.lms.placing import chapter_of
+from autograder.lms.submissions import import_submissions, main
+from autograder.lms.layouts import parse_gradescope_metadata
 
 from grading_helpers import REPO
 
@@ -279,7 +281,7 @@ def test_a_gradescope_export_gives_a_folder_per_student(tmp_path, monkeypatch, y
         monkeypatch.setitem(sys.modules, "yaml", None)  # (the grader does not need PyYAML)
     else:
         pytest.importorskip("yaml")
-        monkeypatch.setattr(lms_import, "_mini_yaml", None)  # (PyYAML reads it all)
+        monkeypatch.setattr(layouts, "_mini_yaml", None)  # (PyYAML reads it all)
     (tmp_path / "export.zip").write_bytes(gradescope_zip())
     report = import_submissions(tmp_path / "export.zip", tmp_path / "class")
     cls = tmp_path / "class"

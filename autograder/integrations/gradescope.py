@@ -161,7 +161,7 @@ def run(root, chapters: list[str] | None = None, hide_answers: bool = False) -> 
     from ..shared.contract import CHAPTERS
     from ..references.cache import REFERENCES
     from ..grading.grader import Grader
-    from ..lms.submissions import place_submission
+    from ..lms.placing import place_submission
     from ..references.store import persisted
     from ..report import gradescope
 
