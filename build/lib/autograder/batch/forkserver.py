@@ -1,0 +1,26 @@
+"""The server that batch workers fork from, with torch and the grader imported once.
+
+Kept free of torch imports itself, so the command line can start the server first and import
+torch in parallel with it (two imports of ~2 s each, on two cores at once).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+
+# What a worker would otherwise import on its first chapter: torch and the grader, nbformat
+# (reading notebooks), and sympy by way of torch's symbolic shapes and torch._dynamo (the
+# device check's fake tensors import both).
+PRELOAD = ["autograder.grading.grader", "autograder.session.student_session", "autograder.source.notebook",
+           "torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor", "torch._dynamo"]
+
+
+def context():
+    """The multiprocessing context of the batch workers; starts the server (and its imports).
+    Where there is no forkserver (Windows), workers are spawned and import for themselves."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+    return ctx

@@ -1,0 +1,305 @@
+"""The command line: a thin layer that wires the grader, the batch runner and the reports."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .shared.contract import CHAPTER_IDS
+
+
+def _chapters(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        match = [c for c in CHAPTER_IDS if c == part or c.startswith(part + "_") or c[:2] == part]
+        if len(match) != 1:
+            raise argparse.ArgumentTypeError(f"unknown chapter {part!r} (one of {', '.join(CHAPTER_IDS)})")
+        out.append(match[0])
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto: CPU, plus CUDA when available (else a meta-device portability check); "
+                        "cpu: CPU and the meta-device check; cuda: require a GPU (default: auto)")
+    p.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
+                   help="comma-separated chapters to grade, e.g. 02,03 (missing notebooks score zero); "
+                        "default: the chapters found")
+    p.add_argument("--sandbox", choices=["auto", "bubblewrap", "container", "none"], default=None,
+                   help="how student code is isolated (default: $AUTOGRADER_SANDBOX or auto: bubblewrap, "
+                        "else, as root in a container without namespaces, a uid per student)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the course's secret input seed (default: $AUTOGRADER_SEED; `grade` alone falls back to "
+                        "the public built-in one, `batch` refuses to: see `new-seed`)")
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected student folder names, e.g. alice,bob")
+    return names
+
+
+def _shard(text: str) -> tuple[int, int]:
+    from .batch.grade_class import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected K/N with 1 <= K <= N, e.g. 3/8") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autograder",
+        description="Grade attention-course notebooks against the reference solutions.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("grade", help="grade one submission (a chapter notebook or a folder of them)",
+                       description="Grade a chapter notebook, or a folder of them, and print a report.")
+    g.add_argument("path", type=Path, help="a chapter notebook (NN_name.ipynb) or a folder")
+    g.add_argument("--json", type=Path, metavar="FILE", help="write Gradescope results.json here")
+    g.add_argument("--html", type=Path, metavar="FILE", help="write an HTML feedback page here")
+    g.add_argument("--jobs", type=_positive, default=None, help="chapters graded at once (default: 2)")
+    g.add_argument("--verbose", action="store_true", help="also show sandbox notes")
+    _common(g)
+
+    b = sub.add_parser("batch", help="grade a class: one sub-folder per student",
+                       description="Grade every student folder in CLASS_DIR; write a grades CSV and, "
+                                   "with --out, a results.json and feedback.html per student and the class "
+                                   "report (class_report.html).")
+    b.add_argument("class_dir", type=Path)
+    b.add_argument("--csv", type=Path, default=Path("grades.csv"), help="grades CSV (default: grades.csv)")
+    b.add_argument("--out", type=Path, default=None, help="folder for per-student reports")
+    b.add_argument("--jobs", type=_positive, default=1,
+                   help="notebooks graded at once, in worker processes; set it to the number of CPU cores "
+                        "(default: 1)")
+    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    b.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                   help="grade shard K of N of the class (a deterministic share, by a hash of each student "
+                        "folder's name; the chapters come from the whole class): one task of a SLURM array "
+                        "or a Kubernetes indexed Job. Join the shards with `merge`.")
+    b.add_argument("--only", type=_names, default=None, metavar="NAMES",
+                   help="regrade these student folders only (comma-separated), out of the class's chapters: "
+                        "their rows replace theirs in the existing --csv, and with --out the class report is "
+                        "rebuilt from every student's saved results there")
+    _common(b)
+
+    m = sub.add_parser("merge", help="join the CSVs (and report folders) of a class graded in shards",
+                       description="Join the grades CSVs that `batch --shard K/N` wrote into one, as one "
+                                   "batch of the whole class would have written it; with --reports, copy "
+                                   "the shards' per-student report folders into --out.")
+    m.add_argument("csvs", type=Path, nargs="+", metavar="SHARD_CSV")
+    m.add_argument("--csv", type=Path, required=True, help="the merged grades CSV to write")
+    m.add_argument("--reports", type=Path, nargs="*", default=[], metavar="SHARD_OUT",
+                   help="the shards' --out folders")
+    m.add_argument("--out", type=Path, default=None,
+                   help="folder for the merged per-student reports and the class report")
+
+    x = sub.add_parser("export", help="write the gradebook file an LMS imports (Canvas, Moodle) from `batch --out`",
+                       description="Write the grades of a class graded with `batch --out DIR` in the layout an LMS "
+                                   "imports as it is: canvas (Canvas's gradebook import), moodle (the assignment's "
+                                   "grading worksheet where the class came from a Moodle download, else Moodle's "
+                                   "gradebook CSV import by email or ID number) or plain (the grades CSV).")
+    x.add_argument("out_dir", type=Path, metavar="DIR", help="the --out folder of `batch`")
+    x.add_argument("--lms", choices=["canvas", "moodle", "plain"], required=True)
+    x.add_argument("--columns", choices=["total", "chapters", "exercises"], default=None,
+                   help="the grade columns (canvas, moodle): one total (default), one per chapter or one per "
+                        "exercise; each is an assignment (Canvas) or grade item (Moodle) of that name")
+    x.add_argument("--name", default=None, metavar="NAME",
+                   help="the assignment's name in the LMS, the grade columns' prefix (default: "
+                        "'Attention course autograder'); Canvas matches an existing assignment by 'Name (id)'")
+    x.add_argument("--csv", type=Path, default=None, metavar="FILE", help="where to write it (default: DIR/<lms>.csv)")
+
+    z = sub.add_parser("gradescope-zip", help="write the Gradescope autograder zip",
+                       description="Write autograder.zip (setup.sh, run_autograder, the grader and the "
+                                   "reference solutions) for a Gradescope programming assignment.")
+    z.add_argument("output", type=Path, nargs="?", default=Path("autograder.zip"))
+    z.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
+                   help="chapters the assignment grades (default: all; a chapter not handed in scores zero)")
+    z.add_argument("--hide-answers", action="store_true",
+                   help="show the written answers' results (and so the total) only when the grades are "
+                        "published (Gradescope's after_published)")
+    z.add_argument("--seed", type=int, default=None,
+                   help="the course's secret input seed (default: $AUTOGRADER_SEED, else a new random one, "
+                        "stored in the zip)")
+
+    sub.add_parser("selfcheck-data", help="rebuild the self-check fixtures from the reference solutions")
+    sub.add_parser("new-seed", help="print a fresh random course seed (for --seed / $AUTOGRADER_SEED)")
+
+    from .lms import submissions as lms_import  # (light: the standard library and the contract, no torch)
+    i = sub.add_parser("import", help="import a Canvas, Moodle or Gradescope submissions download (one folder "
+                                      "per student, for batch)",
+                       description=lms_import.build_parser().description, epilog=lms_import.build_parser().epilog)
+    lms_import.add_arguments(i)  # SOURCE DEST [--lms auto|canvas|moodle|gradescope] [--force] [--dry-run]
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "selfcheck-data":
+        from .selfcheck import DATA, write_fixtures
+        write_fixtures()
+        print(f"wrote {DATA}")
+        return 0
+    if args.command == "new-seed":
+        from .cases.inputs import new_seed
+        print(new_seed())
+        return 0
+    if args.command == "import":
+        from .lms.submissions import run
+        return run(args)
+    if args.command == "merge":
+        from .batch.grade_class import merge_csvs, merge_reports
+        from .report.text import plural
+        try:
+            n = merge_csvs(args.csvs, args.csv)
+            if args.reports:
+                if args.out is None:
+                    print("error: --reports needs --out", file=sys.stderr)
+                    return 2
+                merge_reports(args.reports, args.out)
+                from .report import class_report
+                print(f"wrote the class report {class_report.write(args.out)}")
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.csv} ({plural(n, 'student')} from {plural(len(args.csvs), 'shard')})")
+        return 0
+    if args.command == "export":
+        from .lms import export as lms_export
+        path = args.csv or args.out_dir / f"{args.lms}.csv"
+        try:
+            written, tell = lms_export.export(args.out_dir, args.lms, path, args.columns,
+                                              args.name or lms_export.DEFAULT_NAME)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for line in tell:
+            print(f"note: {line}", file=sys.stderr)
+        print(f"wrote {written}")
+        return 0
+    if args.command == "gradescope-zip":
+        from .integrations.gradescope import build_zip
+        build_zip(args.output, chapters=args.chapters, seed=args.seed, hide_answers=args.hide_answers)
+        print(f"wrote {args.output}")
+        return 0
+
+    import os
+    if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
+        from .batch import forkserver
+        forkserver.context()  # its imports run while this process imports torch below
+    if args.sandbox:
+        os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
+    from .sandbox.modes import SandboxUnavailable, choose_mode
+    try:
+        # (in the container mode, what a student's uid must not read: the class and its reports)
+        hide = [p for p in (getattr(args, "class_dir", None), getattr(args, "out", None)) if p]
+        mode, note = choose_mode(args.sandbox, hide)
+    except SandboxUnavailable as e:
+        print(f"error: no grading without the sandbox: {e}", file=sys.stderr)
+        return 3
+    if mode != "bubblewrap":
+        print(f"WARNING: {note}", file=sys.stderr)
+    sandboxes = None
+    if args.command == "grade" and mode == "bubblewrap":
+        # The student's warm sandboxes start now: their torch imports overlap this process's.
+        from .sandbox.limits import Limits
+        from .sandbox.pool import SandboxPool
+        import atexit
+        jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
+        sandboxes = SandboxPool(Limits.from_env(), size=jobs)
+        atexit.register(sandboxes.close)
+        sandboxes.prestart()
+    from .grading.grader import Grader
+    from .cases.inputs import PublicSeed, course_seed
+    try:
+        seed = course_seed(args.seed) if args.command == "batch" else args.seed
+        grader = Grader(device=args.device, seed=seed, sandbox=args.sandbox or "auto")
+    except PublicSeed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    from .references.cache import REFERENCES
+    from .references.store import persisted
+    with persisted(REFERENCES, grader.seed, grader.quick):
+        return _run(args, grader, sandboxes, REFERENCES)
+
+
+def _run(args, grader, sandboxes, references) -> int:
+    """The grade and batch commands, with the reference outcomes of earlier runs loaded."""
+    if args.command == "grade":
+        from .shared.contract import CHAPTERS
+        if sandboxes is not None and "cuda" not in grader.devices and \
+                not references.complete(args.chapters or list(CHAPTERS), grader.devices,
+                                        grader.seed, grader.quick):
+            # The device check's references need torch's symbolic shapes (sympy) and torch._dynamo
+            # (fake tensors import both, ~1.5 s): import them while this process waits for the
+            # student's sandbox to be ready.
+            import importlib
+            import threading
+
+            def preload():
+                for name in ("torch.fx.experimental.symbolic_shapes", "torch._dynamo"):
+                    importlib.import_module(name)
+            threading.Thread(target=preload, daemon=True).start()
+        from .report import gradescope, html, text
+        if not args.path.exists():
+            print(f"error: {args.path}: no such file or folder", file=sys.stderr)
+            return 2
+        try:
+            result = grader.grade_path(args.path, chapters=args.chapters, jobs=args.jobs,
+                                       sandboxes=sandboxes)
+        finally:
+            if sandboxes is not None:
+                sandboxes.close()
+        print(text.render(result, verbose=args.verbose))
+        if args.json:
+            gradescope.write(result, args.json)
+        if args.html:
+            html.write(result, args.html)
+        return 0
+
+    if args.command == "batch":
+        from .batch.grade_class import grade_class
+        if not args.class_dir.is_dir():
+            print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
+            return 2
+        from .report.text import plural
+        from .report.untrusted_text import printable
+        try:
+            results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
+                                  chapters=args.chapters, progress=not args.no_progress, shard=args.shard,
+                                  only=args.only)
+        except ValueError as e:  # (--only: a name that is no student folder, a CSV of other columns)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if not any(ch.notebook for r in results.values() for ch in r.chapters):  # (nothing was written)
+            print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
+                  "(an LMS download? `python -m autograder import` makes one folder per student); "
+                  f"{args.csv} was not written", file=sys.stderr)
+            return 2
+        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
+        failed = sorted(name for name, r in results.items() if r.error)
+        if failed:
+            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(printable(f) for f in failed[:10])} "
+                  "(`error` in the CSV; grade them again)", file=sys.stderr)
+            return 4
+        return 0
+    return 2

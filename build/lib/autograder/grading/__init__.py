@@ -1,0 +1,1 @@
+"""Grading a submission: the grader, comparing outcomes, results."""

@@ -1,0 +1,288 @@
+"""Grade chapter notebooks: run every case against the student and the reference, score, diagnose.
+
+The student's code runs elsewhere (a sandboxed child through `session.StudentSession`, or the
+student's own kernel for nbgrader); the grading package only sees Outcomes, so comparisons and
+scores are made in the trusted process.
+
+`Grader` (here) grades a submission chapter by chapter; `judge.py` grades one exercise, with
+the runs `variants.py` plans (the CPU, then CUDA where present, else the device check once per
+code path) against the reference outcomes of `references/cache.py`; `scoring.py` turns verdicts
+into points (80% CPU, 20% device; a forbidden built-in zeroes the exercise); `diagnose.py`
+points a failure at the foundation it builds on.
+"""
+from __future__ import annotations
+
+
+import contextlib
+import dataclasses
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+
+from ..shared.calls import Call, Outcome
+from ..shared.contract import CHAPTERS, Chapter, chapter_for_filename
+from ..runtime.execute import execute
+from ..cases.inputs import grading_seed
+from .results import ChapterResult, SubmissionResult, TestResult
+from ..sandbox.modes import SandboxMode
+from .variants import device_plan
+from ..references.cache import REFERENCES
+from .scoring import zero_chapter
+from .judge import grade_exercise
+from .diagnose import point_to_failing_foundations
+
+
+def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: list[str], seed: int,
+                  quick: bool = False, exercises: list[str] | None = None, cells: list[str] | None = None
+                  ) -> list[TestResult]:
+    """Every exercise of a chapter; with the notebook's `cells`, the static check of its source
+    too (`source/findings.py`)."""
+    static, notebook = _static_findings(chapter, cells, seed, quick)
+    tests = []
+    for ex in chapter.exercises:
+        if exercises is None or ex.name in exercises:
+            tests += grade_exercise(chapter, ex, run, devices, seed, quick, static.get(ex.name), notebook)
+    point_to_failing_foundations(chapter, tests)
+    return tests
+
+
+def _static_findings(chapter: Chapter, cells: list[str] | None, seed: int, quick: bool) -> tuple[dict, object]:
+    """exercise -> `findings.ExerciseFindings` of the notebook's source, and the parsed
+    notebook ({} and None without cells, or if the check itself fails: it never costs a grade)."""
+    if cells is None:
+        return {}, None
+    from ..source import in_place, symbols
+    from ..source.findings import findings as static_findings
+
+    try:
+        notebook = symbols.parse(cells)
+        calls = [c for ex in chapter.exercises for c in REFERENCES.cases(chapter.id, ex.name, seed, quick)]
+        return static_findings(notebook, chapter, in_place.tensor_params_from_cases(calls, notebook)), notebook
+    except Exception:
+        return {}, None
+
+
+def _other_chapter_note(chapter: Chapter, defined: set) -> str | None:
+    mine = {ex.target for ex in chapter.exercises}
+    if mine & defined:
+        return None
+    for other in CHAPTERS.values():
+        theirs = {ex.target for ex in other.exercises}
+        if other.id != chapter.id and theirs & defined and not theirs <= mine:
+            return (f"this notebook defines names of chapter {other.id} ({', '.join(sorted(theirs & defined))}) "
+                    f"but none of {chapter.id}: was the wrong notebook submitted?")
+    return None
+
+
+class Grader:
+    """Grades submissions; one instance can grade many (reference outcomes are shared)."""
+
+    def __init__(self, device: str = "auto", seed: int | None = None, sandbox: str = "auto",
+                 limits=None, jobs: int | None = None, quick: bool = False):
+        self.devices = device_plan(device)
+        self.seed = grading_seed() if seed is None else seed
+        self.sandbox = sandbox
+        self.limits = limits
+        self.jobs = jobs or min(2, os.cpu_count() or 1)
+        self.quick = quick
+
+    # -- one notebook -------------------------------------------------------------------------
+    def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None
+                       ) -> ChapterResult:
+        from ..session.memory_case import MemoryCases
+        from ..source.notebook import NotebookError, notebook_cells
+        from ..session.student_session import StudentSession
+
+        start = time.perf_counter()
+        result = ChapterResult(chapter.id, str(path))
+        try:
+            cells = notebook_cells(path)
+        except NotebookError as e:
+            result.notes.append(str(e))
+            result.not_graded = str(e)
+            result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
+            result.seconds = time.perf_counter() - start
+            return result
+        # Memory cases (`Call.capped_memory`: chapter 7) run first, in a memory-capped child of
+        # their own (autograder.session.memory_case); the chapter's other cases in uncapped children.
+        memory = MemoryCases(cells, [c for ex in chapter.exercises for c in
+                                     REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick)],
+                             limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
+        memory.run_first()
+        with StudentSession(cells, limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes,
+                            deadline=deadline) as session:
+            info = session.start()
+            result.sandbox = session.mode
+            result.notes.extend(_start_notes(info))
+            result.output = info.get("output", "")
+            result.tests = grade_chapter(chapter, memory.route(session.run), self.devices, self.seed,
+                                         self.quick, cells=cells)
+            _failed_definitions(chapter, result.tests, cells, info)
+            defined = set(info.get("defined", []))
+            note = _other_chapter_note(chapter, defined) if "defined" in info else None
+            if note:
+                result.notes.append(note)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def grade_namespace(self, chapter: Chapter, namespace: dict, exercises: list[str] | None = None
+                        ) -> list[TestResult]:
+        """Grade objects already defined in this process (tests, a trusted kernel): no sandbox,
+        so no child whose memory the kernel could cap: memory cases record the largest tensor
+        created instead (`Call.measure_memory`), which this process can be trusted to do."""
+        def run(c: Call) -> Outcome:
+            return execute(namespace, dataclasses.replace(c, measure_memory=True) if c.capped_memory else c)
+        return grade_chapter(chapter, run, self.devices, self.seed, self.quick, exercises)
+
+    # -- a file or folder -----------------------------------------------------------------------
+    def find_notebooks(self, path: Path) -> tuple[dict, list]:
+        """Chapter id -> notebook for a file or folder, and notes on what was skipped."""
+        from ..source.notebook import submission_problem
+
+        notes, found = [], {}
+        if path.is_dir() and path.is_symlink():  # (nothing in a linked submission folder is read)
+            return {}, [f"{path.name} is a symbolic link, not a folder of the submission; refused."]
+        files = [path] if not path.is_dir() else sorted(p for p in path.rglob("*.ipynb")
+                                                        if ".ipynb_checkpoints" not in p.parts)
+        for f in files:
+            ch = chapter_for_filename(f.name)
+            # A regular file inside the submission only: a link (to the solutions, to a
+            # classmate's notebook, to a pipe that never ends) is refused, with the reason.
+            why = submission_problem(f, None if f is path else path)
+            if why and ch is not None:
+                notes.append(why)
+            elif ch is None:
+                notes.append(f"{f.name}: not a chapter notebook (expected a name like "
+                             f"02_scaled_dot_product_attention.ipynb); skipped.")
+            elif ch.id in found:
+                notes.append(f"{f.name}: a second notebook for {ch.id}; graded {found[ch.id].name} only.")
+            else:
+                found[ch.id] = f
+        return found, notes
+
+    def plan(self, path, chapters: list[str] | None = None) -> tuple[SubmissionResult, list]:
+        """What grading a notebook or a folder of them involves: the result to fill (with notes on
+        what was skipped) and the (chapter id, notebook or None) pairs to grade, in order. With
+        `chapters`, those chapters are graded and any without a notebook score zero; otherwise
+        the chapters found are graded."""
+        path = Path(path)
+        result = SubmissionResult(str(path))
+        if not path.exists():
+            result.notes.append(f"{path}: no such file or folder.")
+            found = {}
+        else:
+            found, result.notes = self.find_notebooks(path)
+        wanted = chapters or [c for c in CHAPTERS if c in found]
+        if not wanted and path.exists():
+            result.notes.append("no chapter notebook found.")
+        return result, [(c, found.get(c)) for c in wanted]
+
+    def student_deadline(self) -> float:
+        """When the budget of a student whose grading starts now runs out (time.monotonic)."""
+        from ..sandbox.limits import Limits
+
+        return time.monotonic() + (self.limits or Limits.from_env()).student_budget
+
+    def grade_planned(self, chapter_id: str, notebook: Path | None, sandboxes=None,
+                      deadline: float | None = None) -> ChapterResult:
+        """One chapter of a plan. Never raises: a grader fault zeroes this chapter only.
+        sandboxes: the student's `sandbox.SandboxPool` (warm sandboxes), if any; deadline: when
+        the student's time budget runs out (`student_deadline`)."""
+        ch = CHAPTERS[chapter_id]
+        if notebook is None:
+            return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
+        if deadline is not None and time.monotonic() >= deadline:
+            from ..sandbox.limits import Limits
+            from ..session.student_session import budget_message
+
+            why = budget_message(self.limits or Limits.from_env())
+            return ChapterResult(chapter_id, str(notebook), zero_chapter(ch, self.devices, why), notes=[why])
+        try:
+            return self.grade_notebook(notebook, ch, sandboxes, deadline)
+        except Exception as e:
+            return self.failed_chapter(chapter_id, notebook, e)
+
+    def failed_chapter(self, chapter_id: str, notebook: Path | None, error: Exception) -> ChapterResult:
+        """A chapter at zero because the grader itself failed on it (not the student's doing)."""
+        why = f"{type(error).__name__}: {error}"
+        return ChapterResult(chapter_id, str(notebook) if notebook else None,
+                             zero_chapter(CHAPTERS[chapter_id], self.devices, f"grader error: {why}"),
+                             notes=[f"internal grader error ({why}); please report it"], error=why)
+
+    @staticmethod
+    def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:
+        result.chapters = list(chapters)
+        modes = {ch.sandbox for ch in result.chapters if ch.sandbox}
+        result.sandbox = SandboxMode.FALLBACK if SandboxMode.FALLBACK in modes else next(iter(modes), None)
+        result.seconds = seconds
+        return result
+
+    def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None,
+                   sandboxes=None) -> SubmissionResult:
+        """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once, in this
+        student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; made here if None)."""
+        from ..sandbox.modes import SandboxMode, choose_mode
+        from ..sandbox.pool import SandboxPool
+
+        start = time.perf_counter()
+        result, todo = self.plan(path, chapters)
+        jobs = max(1, jobs or self.jobs)
+        own = None
+        if sandboxes is None and choose_mode(None if self.sandbox == "auto" else self.sandbox)[0] \
+                == SandboxMode.BUBBLEWRAP:
+            sandboxes = own = SandboxPool(self.limits, size=jobs)
+        submitted = [ch for ch, notebook in todo if notebook is not None]
+        deadline = self.student_deadline()
+        try:
+            if "cuda" in self.devices:  # the grader's own CUDA runs before any student code, never beside it
+                with contextlib.suppress(Exception):  # (not fatal: the grading loop computes what is missing)
+                    REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
+            with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
+                    ThreadPoolExecutor(max_workers=jobs) as pool:
+                # Later chapters first: they build on the earlier ones and take longest, so
+                # the short ones fill in at the end instead of one long chapter running alone.
+                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline),
+                                     todo[::-1]))[::-1]
+        finally:
+            if own is not None:
+                own.close()
+        return self.assemble(result, done, time.perf_counter() - start)
+
+
+def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells: list[str], info: dict) -> None:
+    """A name the notebook does not define because the cell that defines it failed (a
+    SyntaxError, an error raised before the definition, a timeout): that cell's error goes into
+    the exercise's own note too, not only among the notebook's notes above its table."""
+    import re
+
+    failed = {c.get("cell"): c.get("message") or c.get("status") for c in info.get("cells", [])
+              if c.get("status") not in (None, "ok", "skipped")}
+    if not failed:
+        return
+    for t in tests:
+        first = t.cases[0] if t.cases else None
+        if not (t.note and first is not None and first.aspect == "missing"):
+            continue
+        name = re.escape(chapter.exercise(t.exercise).target)
+        defines = re.compile(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{name}\b|^{name}[ \t]*(?::[^=\n]*)?=(?!=)",
+                             re.MULTILINE)
+        where = [n for n in sorted(failed) if isinstance(n, int) and 0 < n <= len(cells) and defines.search(cells[n - 1])]
+        if where:
+            t.note += f" It is defined in cell {where[-1]}, which failed: {failed[where[-1]]}"
+
+
+def _start_notes(info: dict) -> list[str]:
+    notes = []
+    mode = info.get("sandbox")
+    if mode:
+        notes.append(f"sandbox: {mode}")
+    if info.get("sandbox_note"):
+        notes.append(info["sandbox_note"])
+    for cell in info.get("cells", []):
+        status = cell.get("status")
+        if status and status != "ok":
+            notes.append(f"cell {cell.get('cell')}: {cell.get('message', status)}")
+    return notes

@@ -1,0 +1,161 @@
+"""Judging one exercise: every case run against the student and the reference, each variant
+compared (`judge`, which the self-check and nbgrader use too), forbidden built-ins and in-place
+changes found in the source taken into account, and the exercise scored."""
+from __future__ import annotations
+
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .. import cases as case_registry
+from ..shared.calls import Call, Outcome
+from .compare import FLOAT32_NOTE, PRECISION_HINT, Mismatch, compare_meta
+from ..shared.contract import Chapter, Exercise
+from ..runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, UNCHECKED_NOTE, unchecked
+from .results import CaseResult, TestResult
+from ..report.untrusted_text import capped
+from .variants import device_check_groups, variants
+from ..references.cache import REFERENCES, reference_key
+from .scoring import credit_cpu_only, same_path, exercise_tests
+
+
+STOPPING_ASPECTS = ("timeout", "crash", "missing")
+
+
+def _figure(call: Call, student: Outcome, expected: Outcome, m: Mismatch) -> dict | None:
+    """A 2-D slice of expected vs submitted attention weights, when the weights differ."""
+    if m.aspect not in ("values", "nonfinite") or len(student.outputs) < 2 or len(expected.outputs) < 2:
+        return None
+    s, e = student.outputs[1], expected.outputs[1]
+    if s is None or e is None or s.shape != e.shape or e.dim() < 2 or not e.is_floating_point():
+        return None
+    if torch.allclose(torch.nan_to_num(s.double()), e.double(), rtol=1e-5, atol=1e-7):
+        return None
+    while e.dim() > 2:
+        s, e = s[0], e[0]
+    return {"expected": e.double().tolist(), "submitted": torch.nan_to_num(s.double()).tolist()}
+
+
+@dataclass
+class Verdict:
+    """The diagnosis of one case: the first failing aspect (with its hint), the forbidden
+    built-ins the call used, and a note on a pass (float32 rounding in a float64 case)."""
+
+    mismatch: Mismatch | None
+    forbidden: set = field(default_factory=set)
+    note: str = ""
+
+
+def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verdict:
+    """The one grading rule, used by the grader, the self-check and nbgrader alike: compare the
+    student's outcome of `call` with the expected one (on the meta device: shapes, dtypes and
+    devices only), name the likely mistake, and record forbidden built-ins."""
+    notes: list = []
+    try:
+        if call.device in DEVICE_CHECKS and not call.answer:  # (an answer is a value: compared as on the CPU)
+            m = compare_meta(call, student, expected)
+        else:
+            m = case_registry.compare(call, student, expected, notes)
+    except Exception as e:  # an outcome that no rule foresaw: the case fails, the grading goes on
+        m = Mismatch("returned", f"the result could not be compared with the reference "
+                     f"({type(e).__name__}: {str(e)[:200]}).")
+        return Verdict(m, ex.forbidden.used_in(student.forbidden))
+    if m:
+        try:
+            m.hint = m.hint or case_registry.hint(call, student, expected, m)
+        except Exception:
+            m.hint = None
+        if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
+            m.hint = case_registry.small_difference_hint(call, student, expected) or PRECISION_HINT
+    return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes and m is None else "")
+
+
+def forbidden_message(ex: Exercise, names) -> str:
+    return (f"uses {ex.forbidden.what} ({', '.join(sorted(names))}); this exercise asks you to write "
+            "the computation yourself, so it scores zero.")
+
+
+def _static_inplace(static, notebook, call: Call) -> Mismatch | None:
+    """The in-place change of one of this call's tensor inputs that the notebook's source shows
+    (`source/findings.py`): measured in the grader, so no student code can hide it."""
+    from ..source import in_place
+
+    if not static or not static.inplace:
+        return None
+    try:
+        receiving = in_place.tensor_params_from_cases([call], notebook).get(call.exercise, {})
+    except Exception:
+        return None
+    for change in static.inplace:
+        if change.param in receiving.get(change.method, set()):
+            return Mismatch("inplace", f"the call modifies its input `{change.param}` in place "
+                            f"({change.describe()}); work on a copy or use out-of-place ops "
+                            "(masked_fill, not masked_fill_).")
+    return None
+
+
+def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
+                   seed: int, quick: bool = False, static=None, notebook=None) -> list[TestResult]:
+    """Every test of one exercise; `run` executes a Call on the student's side. A portability
+    case (meta, CUDA) earns credit only where the same case is correct on the CPU. `static`:
+    what the notebook's source shows (`findings.ExerciseFindings` of this exercise, with
+    the parsed `notebook`), where the grader has the source: forbidden built-ins and in-place
+    changes of inputs, which the student's process cannot hide from it."""
+    cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
+    tests, forbidden_seen = [], set(static.forbidden_names if static else ())
+    cpu_passed: dict[int, bool] = {}
+    groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
+    for device, share in exercise_tests(ex, devices):
+        test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
+        stop = None  # after a timeout/crash/missing name, the remaining cases are not run
+        for index, c in variants(cases, device):
+            if stop:
+                skipped = CaseResult(c.case, device, c.dtype, False, stop.aspect, f"not run: {stop.message}")
+                test.cases.append(skipped)
+                if device in DEVICE_CHECKS:
+                    test.cases += same_path(cases, groups, index, skipped, c.case, cpu_passed)
+                continue
+            key = reference_key(chapter.id, ex.name, seed, quick, index, c)
+            expected = REFERENCES.expected(c, key)
+            student = run(c)
+            verdict = judge(ex, c, student, expected)
+            if c.device == FAKE_CUDA and verdict.mismatch and unchecked(student):
+                verdict = Verdict(None, verdict.forbidden, UNCHECKED_NOTE + f" ({student.error['message'][:160]})")
+            if verdict.mismatch and verdict.mismatch.aspect in ("values", "grads") and c.dtype == "float64":
+                # the float32 policy: judged again against the reference's own float32 run
+                if (low := REFERENCES.with_float32(c, key, expected)) is not expected:
+                    expected, verdict = low, judge(ex, c, student, low)
+            forbidden_seen |= verdict.forbidden
+            m = verdict.mismatch
+            if m is None and device == "cpu":
+                m = _static_inplace(static, notebook, c)
+            result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note, used=student.called)
+            if m:  # (capped: a message can list what the student's code holds, e.g. its names)
+                result.aspect, result.message, result.hint = m.aspect, capped(m.message), capped(m.hint)
+                result.not_implemented = m.not_implemented
+                result.figure = _figure(c, student, expected, m)
+                if m.aspect in STOPPING_ASPECTS:
+                    stop = m
+            if student.device_note and not result.note:
+                result.note = (f"run on the meta device: fake CUDA tensors have no values "
+                               f"({student.device_note})")
+            twins = same_path(cases, groups, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []
+            credit_cpu_only(device, result, cpu_passed.get(index, True))
+            if device == "cpu":
+                cpu_passed[index] = result.passed
+            test.cases.append(result)
+            test.cases += twins
+        if stop and stop.aspect == "missing":
+            test.note = stop.message
+        total = len(test.cases)
+        test.score = round(test.max_score * test.passed / total, 4) if total else 0.0
+        tests.append(test)
+    if forbidden_seen:
+        note = forbidden_message(ex, forbidden_seen)
+        if static and static.forbidden:
+            note += " Found in the notebook: " + "; ".join(f.describe() for f in static.forbidden[:3]) + "."
+        for t in tests:
+            t.score, t.note = 0.0, note
+    return tests

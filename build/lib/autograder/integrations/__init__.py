@@ -1,0 +1,1 @@
+"""Integrations with nbgrader and Gradescope."""

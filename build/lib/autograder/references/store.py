@@ -1,0 +1,116 @@
+"""Reference outcomes kept on disk between grading runs (the instructor's cache; never seen by
+students' code, and shipped only inside the Gradescope autograder zip).
+
+Computing the reference outcomes (every case on the CPU and the meta device) is most of what a
+`grade` run costs beyond the student's own code, and it gives the same answer every time for
+the same grader, solutions, torch and seed. So the command line keeps them in one file per
+(seed, quick) in the cache folder, named by a digest of everything they depend on: the
+autograder's source, the solution notebooks and torch's version. Any change to those makes a
+new file; the old ones are removed when the new one is written.
+
+The file is a `wire` frame (JSON and raw tensor bytes: loading it cannot execute code). Anything
+wrong with it (missing, unreadable, corrupt, from another version) only means the outcomes are
+computed again. Where: $AUTOGRADER_CACHE_DIR, else $XDG_CACHE_HOME/attention-autograder, else
+~/.cache/attention-autograder; AUTOGRADER_CACHE_DIR=off turns it off. The folder is hidden from
+students' code (see `sandbox.hidden_paths`): it holds the hidden inputs.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+FORMAT = 1  # bump when the stored layout changes
+
+
+def cache_dir() -> Path | None:
+    """The cache folder, or None when the cache is off."""
+    explicit = os.environ.get("AUTOGRADER_CACHE_DIR")
+    if explicit is not None:
+        return None if explicit.strip().lower() in ("", "off", "0", "none") else Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "attention-autograder"
+
+
+def digest() -> str:
+    """A digest of what reference outcomes depend on: the grader's code, the solutions, torch."""
+    import torch
+
+    from .solutions import PACKAGE_DIR, solutions_dir
+
+    h = hashlib.sha256(f"format {FORMAT} torch {torch.__version__}".encode())
+    files = [(f.relative_to(PACKAGE_DIR).as_posix(), f) for f in sorted(PACKAGE_DIR.rglob("*.py"))]
+    files += [(f"solutions/{f.name}", f) for f in sorted(solutions_dir().glob("*.ipynb"))]
+    for name, f in files:
+        h.update(name.encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()[:24]
+
+
+class ReferenceStore:
+    """The file of one (seed, quick) for the current digest."""
+
+    def __init__(self, seed: int, quick: bool, folder: Path | None = None):
+        self.folder = folder if folder is not None else cache_dir()
+        self.prefix = f"references-s{seed}-{'quick' if quick else 'full'}-"
+        self.path = self.folder / f"{self.prefix}{digest()}.agw" if self.folder else None
+
+    def load(self) -> dict | None:
+        """The stored plain data (see `ReferenceCache.export`), or None."""
+        from ..shared import wire
+
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            data = wire.load(self.path)
+        except (OSError, EOFError, ValueError):
+            return None
+        if not (isinstance(data, dict) and isinstance(data.get("cases"), list)
+                and isinstance(data.get("outcomes"), list)):
+            return None
+        return data
+
+    def save(self, plain: dict) -> bool:
+        """Write atomically (a concurrent run reads the old file or the new one, never half of
+        one); remove this (seed, quick)'s files of other digests. False if it cannot be written."""
+        from ..shared import wire
+
+        if self.path is None:
+            return False
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(wire.encode(plain))
+            os.replace(tmp, self.path)
+        except (OSError, ValueError):
+            try:
+                os.unlink(tmp)
+            except (OSError, UnboundLocalError):
+                pass
+            return False
+        for old in self.folder.glob(f"{self.prefix}*.agw"):
+            if old != self.path:
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+        return True
+
+
+@contextlib.contextmanager
+def persisted(references, seed: int, quick: bool):
+    """Load the stored outcomes into `references` (a `grading.ReferenceCache`) for the block;
+    afterwards store what it holds if the block computed any. Yields the store."""
+    store = ReferenceStore(seed, quick)
+    data = store.load()
+    if data is not None:
+        references.merge(data)
+    before = references.held()
+    try:
+        yield store
+    finally:
+        if references.held() > before:
+            store.save(references.export(seed, quick))

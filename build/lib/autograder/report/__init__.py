@@ -1,0 +1,1 @@
+"""Reports of a SubmissionResult: text for the terminal, Gradescope JSON, an HTML feedback page."""

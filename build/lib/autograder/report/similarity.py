@@ -1,0 +1,242 @@
+"""Copies found the way instructors find them: code compared after normalisation.
+
+`normalised(node)`: an exercise's definition with its docstrings dropped and its local names
+(parameters, assigned names, loop and comprehension variables, nested definitions) renamed to
+v0, v1, ... in the order the tree holds them; comments and formatting are not in the AST at all.
+A copy whose variables were renamed or whose comments were rewritten normalises to the same
+tree, so `class_report.identical_to_solutions` flags it.
+
+`fingerprints(todo)`: each exercise's normalised code as a token stream (node types, names that
+are not local such as torch or an attribute, constants), from a student's notebooks read as data
+(never run). `pairs(students)` compares every two students per exercise by the Jaccard index of
+their token k-grams (the shingles of MOSS-like tools) and lists the pairs at or above THRESHOLD,
+for the instructor to look at: it changes no score. Very short code (fewer than MIN_TOKENS
+tokens) and code equal to the released exercise stub are not compared: independent work looks
+alike there; nor is code equal to the published solution (flagged as that already).
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+from collections import defaultdict
+from functools import lru_cache
+
+from ..shared.contract import CHAPTERS
+
+THRESHOLD = 0.9   # Jaccard index of the token 4-grams at or above which a pair is listed
+SHINGLE = 4
+MIN_TOKENS = 40   # (a one-line exercise: everyone's right answer looks the same)
+MAX_TOKENS = 20_000  # kept of one exercise (a student's huge cell must not make grading.json huge)
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def definitions(sources: list[str]) -> dict:
+    """Top-level function and class definitions by name (the last one wins, as when run)."""
+    defs = {}
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defs[node.name] = node
+    return defs
+
+
+def exercise_node(defs: dict, ex):
+    """The exercise's own definition (a method's function inside its class), or None."""
+    node = defs.get(ex.target)
+    if node is not None and ex.kind == "method":
+        node = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.name == ex.name), None)
+    return node
+
+
+def _local_names(root) -> set[str]:
+    """Names bound inside the functions of `root`: parameters, assignment and loop targets,
+    `as` names, nested definitions. A class's own attributes and methods are not locals (other
+    code reaches them by name), nor are the names the code only reads (torch, F, math)."""
+    local: set[str] = set()
+    for fn in (n for n in ast.walk(root) if isinstance(n, _SCOPES)):
+        a = fn.args
+        local |= {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
+        body = [fn.body] if isinstance(fn, ast.Lambda) else fn.body
+        for stmt in body:
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                    local.add(n.id)
+                elif isinstance(n, ast.ExceptHandler) and n.name:
+                    local.add(n.name)
+                elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not fn:
+                    local.add(n.name)
+                elif isinstance(n, (ast.Global, ast.Nonlocal)):
+                    local -= set(n.names)
+    return local
+
+
+def normalised(node):
+    """A copy of the definition `node` without docstrings and with its locals renamed (see the
+    module's docstring); None where it cannot be (a tree too deep to copy)."""
+    try:
+        node = copy.deepcopy(node)
+    except (RecursionError, MemoryError):
+        return None
+    for n in ast.walk(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body \
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant) \
+                and isinstance(n.body[0].value.value, str):
+            n.body = n.body[1:] or [ast.Pass()]
+    local = _local_names(node)
+    names: dict[str, str] = {}
+
+    def new(name: str) -> str:
+        return names.setdefault(name, f"v{len(names)}")
+
+    for n in _preorder(node):  # (the same tree shape gives the same order, whatever the names)
+        if isinstance(n, ast.Name) and n.id in local:
+            n.id = new(n.id)
+        elif isinstance(n, ast.arg) and n.arg in local:
+            n.arg = new(n.arg)
+        elif isinstance(n, ast.ExceptHandler) and n.name in local:
+            n.name = new(n.name)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node \
+                and n.name in local:
+            n.name = new(n.name)
+    return node
+
+
+def _preorder(node):
+    """The tree's nodes in source order (an explicit stack: no recursion limit to hit)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(list(ast.iter_child_nodes(n))))
+
+
+def dump(node) -> str | None:
+    """The normalised definition as text, for comparing two of them; None if it cannot be made."""
+    n = normalised(node) if node is not None else None
+    if n is None:
+        return None
+    try:
+        return ast.dump(n)
+    except (RecursionError, MemoryError):
+        return None
+
+
+def tokens(node) -> list[str]:
+    """The normalised definition as a token stream: each node's type, with its name, attribute
+    or constant where it has one."""
+    n = normalised(node) if node is not None else None
+    if n is None:
+        return []
+    out = []
+    for x in _preorder(n):
+        if len(out) >= MAX_TOKENS:
+            break
+        kind = type(x).__name__
+        label = (x.id if isinstance(x, ast.Name) else x.arg if isinstance(x, (ast.arg, ast.keyword))
+                 else x.attr if isinstance(x, ast.Attribute) else repr(x.value)[:40] if isinstance(x, ast.Constant)
+                 else getattr(x, "name", None) if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 else None)
+        if isinstance(x, (ast.Load, ast.Store, ast.Del)):
+            continue
+        out.append(f"{kind}:{label}" if label is not None else kind)
+    return out
+
+
+def compared(ex) -> bool:
+    """Exercises whose code is compared: those the student writes from scratch. Not a "predict
+    the output" answer (a right answer is the solution's value) nor a "find the bug" fix
+    (`fixed_*`: a right fix of the given code is usually the solution's)."""
+    return ex.kind in ("function", "module", "method") and not ex.name.startswith("fixed_")
+
+
+@lru_cache(maxsize=None)
+def solution_dumps(chapter: str) -> dict:
+    """exercise -> the published solution's normalised code (`dump`)."""
+    import json
+
+    from ..references.solutions import reference_cells, solutions_dir
+
+    with open(solutions_dir() / f"{chapter}.ipynb", encoding="utf-8") as f:
+        defs = definitions(reference_cells(json.load(f)))
+    return {ex.name: dump(exercise_node(defs, ex)) for ex in CHAPTERS[chapter].exercises if compared(ex)}
+
+
+@lru_cache(maxsize=None)
+def _stubs(chapter: str) -> dict:
+    """exercise -> the released stub's token stream (the exercise notebook's), where it is here."""
+    import json
+
+    from ..references.solutions import REPO_DIR, reference_cells
+
+    path = REPO_DIR / "exercises" / f"{chapter}.ipynb"
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        defs = definitions(reference_cells(json.load(f)))
+    return {ex.name: tokens(exercise_node(defs, ex)) for ex in CHAPTERS[chapter].exercises if compared(ex)}
+
+
+def fingerprints(todo) -> dict[str, str]:
+    """"chapter: exercise" -> the exercise's token stream (space-separated) for every compared
+    exercise of the student's notebooks (`todo`: (chapter id, notebook path or None) pairs) that
+    is long enough, not the released stub and not the published solution (flagged as such on
+    its own: every copy of it would pair with every other). Reads the notebooks as data; a
+    notebook it cannot read gives nothing."""
+    from ..source.notebook import notebook_cells
+
+    out = {}
+    for chapter, notebook in todo:
+        if notebook is None or chapter not in CHAPTERS:
+            continue
+        try:
+            defs = definitions(notebook_cells(notebook))
+            stubs = _stubs(chapter)
+            solution = solution_dumps(chapter)
+        except Exception:  # (an unreadable notebook: its grading says why)
+            continue
+        for ex in CHAPTERS[chapter].exercises:
+            if not compared(ex):
+                continue
+            node = exercise_node(defs, ex)
+            stream = tokens(node)
+            if len(stream) >= MIN_TOKENS and stream != stubs.get(ex.name) \
+                    and (node is None or dump(node) != solution.get(ex.name)):
+                out[f"{chapter}: {ex.name}"] = " ".join(stream)
+    return out
+
+
+def _shingles(stream: str) -> frozenset:
+    t = stream.split(" ")
+    return frozenset(hashlib.blake2b(" ".join(t[i:i + SHINGLE]).encode(), digest_size=8).digest()
+                     for i in range(max(1, len(t) - SHINGLE + 1)))
+
+
+def jaccard(a: frozenset, b: frozenset) -> float:
+    return len(a & b) / len(a | b) if a or b else 0.0
+
+
+def pairs(code: dict[str, dict], threshold: float = THRESHOLD) -> list[dict]:
+    """Pairs of students whose code of some exercise is at least `threshold` alike (code:
+    student -> `fingerprints`), most shared exercises first: {"students": (a, b), "exercises":
+    [(column, similarity)], ...}."""
+    by_exercise: dict[str, list] = defaultdict(list)
+    for student, streams in sorted(code.items()):
+        for column, stream in (streams or {}).items():
+            if isinstance(stream, str) and stream:
+                by_exercise[column].append((student, _shingles(stream)))
+    found: dict[tuple, list] = defaultdict(list)
+    for column, entries in by_exercise.items():
+        for i, (a, sa) in enumerate(entries):
+            for b, sb in entries[i + 1:]:
+                s = jaccard(sa, sb)
+                if s >= threshold:
+                    found[(a, b)].append((column, s))
+    return [{"students": k, "exercises": v} for k, v in
+            sorted(found.items(), key=lambda kv: (-len(kv[1]), -max(s for _, s in kv[1]), kv[0]))]

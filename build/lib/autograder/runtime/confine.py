@@ -1,0 +1,115 @@
+"""Confinements a student's process applies to itself before any student code runs, and keeps
+(the kernel holds them; they cannot be undone from inside).
+
+`no_user_namespaces()`: a seccomp filter that refuses new user namespaces (`unshare` and
+`clone` with CLONE_NEWUSER fail with EPERM; `clone3`, whose flags a classic filter cannot read,
+fails with ENOSYS, on which glibc falls back to `clone`). A user namespace would give the
+student's code a fresh set of capabilities over new namespaces of its own: the kernel's
+largest attack surface, and a way around limits that are counted per user. bubblewrap's
+`--disable-userns` does the same where bwrap itself makes a user namespace; this covers the
+sandboxes that drop to an unprivileged uid instead (root's bubblewrap, the zygote, the
+container mode).
+
+`no_hidden_memory()`: a second filter, for the child that runs a memory case only (see
+`autograder.session.memory_case`). That child's address space is capped (RLIMIT_AS, which counts every
+mapping, shared and file-backed ones included); this filter refuses what could hold memory
+outside any mapping of its own or compute beside it: anonymous shared mappings and
+`memfd_create` (shmem pages that outlive a mapping), System V `shmget`, and `socket` (another
+process of the student's reached over a socket would compute the score matrix for it).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+
+CLONE_NEWUSER = 0x10000000
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+EPERM, ENOSYS = 1, 38
+# audit arch, unshare, clone, clone3 (clone's flags are its first argument on both)
+ARCHES = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
+
+# audit arch, mmap, memfd_create, shmget, socket
+HIDDEN_MEMORY_CALLS = {"x86_64": (0xC000003E, 9, 319, 29, 41), "aarch64": (0xC00000B7, 222, 279, 194, 198)}
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # (MAP_SHARED_VALIDATE, 0x03, has the MAP_SHARED bit)
+
+# classic BPF opcodes
+LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+def _program() -> bytes | None:
+    arch = ARCHES.get(platform.machine())
+    if arch is None:
+        return None
+    audit, unshare, clone, clone3 = arch
+    allow, eperm, enosys = (SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ERRNO | ENOSYS)
+    return b"".join([
+        _insn(LD_W_ABS, 0, 0, 4),              # 0: arch
+        _insn(JEQ_K, 0, 9, audit),             # 1: a foreign arch (i386 via int 0x80): -> 11
+        _insn(LD_W_ABS, 0, 0, 0),              # 2: syscall number
+        _insn(JGE_K, 7, 0, 0x40000000),        # 3: x32 numbering: -> 11
+        _insn(JEQ_K, 5, 0, clone3),            # 4: -> 10
+        _insn(JEQ_K, 1, 0, unshare),           # 5: -> 7
+        _insn(JEQ_K, 0, 2, clone),             # 6: -> 7, else -> 9
+        _insn(LD_W_ABS, 0, 0, 16),             # 7: low 32 bits of the first argument (flags)
+        _insn(JSET_K, 2, 0, CLONE_NEWUSER),    # 8: CLONE_NEWUSER -> 11
+        _insn(RET_K, 0, 0, allow),             # 9
+        _insn(RET_K, 0, 0, enosys),            # 10
+        _insn(RET_K, 0, 0, eperm),             # 11
+    ])
+
+
+def _hidden_memory_program() -> bytes | None:
+    arch = HIDDEN_MEMORY_CALLS.get(platform.machine())
+    if arch is None:
+        return None
+    audit, mmap, memfd, shmget, socket = arch
+    allow, eperm = SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    return b"".join([
+        _insn(LD_W_ABS, 0, 0, 4),              # 0: arch
+        _insn(JEQ_K, 0, 10, audit),            # 1: a foreign arch: -> 12
+        _insn(LD_W_ABS, 0, 0, 0),              # 2: syscall number
+        _insn(JGE_K, 8, 0, 0x40000000),        # 3: x32 numbering: -> 12
+        _insn(JEQ_K, 3, 0, mmap),              # 4: -> 8
+        _insn(JEQ_K, 6, 0, memfd),             # 5: -> 12
+        _insn(JEQ_K, 5, 0, shmget),            # 6: -> 12
+        _insn(JEQ_K, 4, 3, socket),            # 7: -> 12, else -> 11
+        _insn(LD_W_ABS, 0, 0, 40),             # 8: low 32 bits of the fourth argument (flags)
+        _insn(JSET_K, 0, 1, MAP_SHARED),       # 9: not shared -> 11
+        _insn(JSET_K, 1, 0, MAP_ANONYMOUS),    # 10: shared and anonymous -> 12
+        _insn(RET_K, 0, 0, allow),             # 11
+        _insn(RET_K, 0, 0, eperm),             # 12
+    ])
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def no_user_namespaces() -> bool:
+    """Install the filter on this process (and every process it starts); whether it took.
+    Sets no_new_privs (which the kernel requires for an unprivileged filter)."""
+    return _install(_program())
+
+
+def no_hidden_memory() -> bool:
+    """Install the memory case's filter (see the module docstring); whether it took."""
+    return _install(_hidden_memory_program())
+
+
+def _install(program: bytes | None) -> bool:
+    if program is None or not hasattr(os, "fork"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) != 0:
+        return False
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0) == 0

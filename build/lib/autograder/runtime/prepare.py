@@ -1,0 +1,180 @@
+"""What a student's process does to itself before any student code runs, and cannot undo: the
+imports it needs (so a late privilege drop leaves nothing to import), the drop, the resource
+limits, a GPU memory share, and the memory case's cap."""
+from __future__ import annotations
+
+
+import os
+import signal
+import sys
+
+
+
+# Imported before a late privilege drop (fallback as root), for a Python installation that the
+# unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
+PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
+             "torch.fx.experimental.symbolic_shapes",  # the device checks need it (sympy)
+             "torch._subclasses.fake_tensor",  # the device check on fake CUDA (device_check),
+             "torch._dynamo",  # whose FakeTensorMode() imports torch._dynamo.config (0.75 s: once, here)
+             "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
+             "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
+             "collections", "typing", "dataclasses", "copy", "json", "time", "socket",
+             "subprocess", "threading", "signal", "uuid", "inspect", "traceback", "linecache",
+             "warnings", "operator", "string", "textwrap", "io", "contextlib", "weakref", "re",
+             "enum", "abc", "struct", "heapq", "bisect", "statistics", "fractions", "decimal",
+             "numbers", "pprint", "types", "pickle", "tempfile", "pathlib", "shutil")
+
+
+def _drop(config: dict) -> None:
+    """Become the unprivileged user named in the config (no groups, no_new_privs)."""
+    drop = config.get("drop")
+    if drop:
+        os.setgroups([])
+        os.setgid(drop[1])
+        os.setuid(drop[0])
+        if os.getuid() != drop[0] or os.geteuid() != drop[0]:
+            os._exit(70)
+        prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
+
+
+def prepare(config: dict) -> None:
+    """Before anything else: drop privileges (if asked and not late), set sys.path and the hard
+    limits. A late drop imports PREIMPORT first, then drops."""
+    sys.path[:] = config["sys_path"]
+    if config.get("drop") and config.get("drop_late"):
+        import importlib
+
+        for name in PREIMPORT:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    _drop(config)
+    if config.get("no_userns") and os.getuid() != 0:
+        from .confine import no_user_namespaces
+
+        if not no_user_namespaces() and config.get("no_userns") == "required":
+            os._exit(72)
+    if config.get("subreaper"):  # after the drop: changing credentials clears PDEATHSIG  # the fallback: no PID namespace to do these for us
+        prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the student's code stay ours
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: die with the grader
+    os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
+
+
+def prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def set_limits(config: dict) -> None:
+    try:
+        import resource
+    except ImportError:  # not on Linux/macOS
+        return
+    rlimits = dict(config["rlimits"])
+    headroom = config.get("data_headroom")
+    if headroom:  # the memory case's child (autograder.session.memory_case): this much beyond what it
+        # holds now (torch included), counted over every mapping (RLIMIT_AS sees shared and
+        # file-backed ones, which RLIMIT_DATA does not), with no GPU (its cases run on the CPU)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        for name, key in (("DATA", "VmData:"), ("AS", "VmSize:")):
+            cap = headroom + status_bytes(key)
+            rlimits[name] = min(rlimits.get(name) or cap, cap)
+    for name, value in rlimits.items():
+        res = getattr(resource, f"RLIMIT_{name}", None)
+        if res is None or value is None:
+            continue
+        try:
+            soft, hard = resource.getrlimit(res)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(res, (value, value))
+        except (ValueError, OSError):
+            pass
+    if headroom:
+        confine_memory_case(resource, rlimits["AS"])
+    nproc = config.get("nproc")
+    res = getattr(resource, "RLIMIT_NPROC", None)
+    if nproc and res is not None and os.getuid() != 0:
+        if config.get("nproc_relative"):
+            nproc += _tasks_of(os.getuid())
+        try:
+            resource.setrlimit(res, (nproc, nproc))
+        except (ValueError, OSError):
+            pass
+
+
+def cuda_fraction(fraction) -> None:
+    """This child's share of the GPU's memory (`Limits.gpu_share`), applied when CUDA first
+    starts (torch's queued lazy calls), so a chapter that never uses CUDA does not start it.
+    It bounds torch's caching allocator; `autograder.sandbox.gpu_share` does the rest."""
+    if not fraction or fraction >= 1 or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return
+    try:
+        import torch
+
+        def apply():
+            torch.cuda.set_per_process_memory_fraction(float(fraction))
+
+        if torch.cuda.is_initialized():
+            apply()
+        else:
+            torch.cuda._lazy_call(apply)
+    except Exception:  # no CUDA build, or a torch without these: nothing to bound
+        pass
+
+
+MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that could not be confined
+
+
+def confine_memory_case(resource, address_space: int) -> None:
+    """The memory case's child refuses shared anonymous memory, memfd_create, shmget and
+    sockets (`confine.no_hidden_memory`), then checks that its address-space cap and that
+    filter are in place; where either is not, it exits before any student code runs, so a
+    memory case is never credited where memory went unmeasured."""
+    from .confine import no_hidden_memory
+
+    filtered = no_hidden_memory()
+    try:
+        capped = resource.getrlimit(resource.RLIMIT_AS)[1] <= address_space
+    except (ValueError, OSError):
+        capped = False
+    if not (filtered and capped):
+        os.write(2, b"the memory case cannot be measured here: "
+                    + (b"no seccomp filter" if not filtered else b"no address-space limit") + b"\n")
+        os._exit(MEMORY_CASE_UNCONFINED)
+
+
+def status_bytes(key: str) -> int:
+    """A size from /proc/self/status in bytes (VmData: what RLIMIT_DATA counts, heap and
+    private writable mappings; VmSize: what RLIMIT_AS counts, every mapping)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _tasks_of(uid: int) -> int:
+    """Tasks (threads included) this user already runs; RLIMIT_NPROC counts them all."""
+    count = 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            count += int(fields.get("Threads", "1").strip() or 1)
+    return count

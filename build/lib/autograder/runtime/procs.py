@@ -1,0 +1,119 @@
+"""Processes as /proc shows them, and killing a process with everything it started.
+
+Shared by the grader (the fallback mode's children, `autograder.sandbox.processes`) and the warm worker
+inside the sandbox (its chapters, `autograder.runtime.child`): standard library only, since it is
+staged into the sandbox with the worker.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+
+def proc_table() -> dict[int, int]:
+    """pid -> parent pid, from /proc (empty where there is no /proc)."""
+    table = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                stat = f.read()
+            table[int(e)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return table
+
+
+def children_of(pid: int) -> list[int]:
+    return [c for c, parent in proc_table().items() if parent == pid]
+
+
+def send(pid: int, sig: int) -> None:
+    """os.kill, where a process that is gone (or not ours) is no error."""
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def kill_tree(root: int, rounds: int = 20, also=None) -> None:
+    """Stop, then kill, the process `root`, its descendants, its process group, and with
+    `also` (table -> pids) the processes it names. Stopped first, round after round until no
+    new one appears (at most `rounds`), so none can fork away while the tree is walked. Never
+    this process itself. Without /proc only the process group and `root` are killed."""
+    me = os.getpid()
+    found: set[int] = set()
+    for _ in range(rounds):
+        table = proc_table()
+        new = {root} if root in table or not table else set()
+        frontier = [root]
+        while frontier:
+            q = frontier.pop()
+            for pid, ppid in table.items():
+                if ppid == q and pid not in new:
+                    new.add(pid)
+                    frontier.append(pid)
+        if also is not None:
+            new |= also(table)
+        new.discard(me)
+        new -= found
+        if not new:
+            break
+        for pid in new:
+            send(pid, signal.SIGSTOP)
+        found |= new
+    try:
+        os.killpg(root, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in found | {root}:
+        if pid != me:
+            send(pid, signal.SIGKILL)
+
+
+def ended_children():
+    """(pid, returncode) for each child of this process that has ended, without waiting
+    (Popen's convention: -N for signal N). Reaping them keeps zombies from using up the
+    process limit."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except OSError:  # (ChildProcessError: no children left)
+            return
+        if pid == 0:
+            return
+        yield pid, (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def pids_of_uid(uid: int) -> set[int]:
+    """Every process whose real or effective uid is `uid`."""
+    out = set()
+    for pid in proc_table():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if str(uid) in line.split()[1:3]:
+                            out.add(pid)
+                        break
+        except OSError:
+            pass
+    return out
+
+
+def kill_uid(uid: int, rounds: int = 20) -> None:
+    """Stop, then kill, every process of `uid` (a student's own uid: everything they started,
+    wherever it went), round after round until none is left (at most `rounds`)."""
+    for _ in range(rounds):
+        pids = pids_of_uid(uid) - {os.getpid()}
+        if not pids:
+            return
+        for pid in pids:
+            send(pid, signal.SIGSTOP)
+        for pid in pids:
+            send(pid, signal.SIGKILL)

@@ -1,0 +1,145 @@
+"""Warm sandboxes kept ready for the next student: `SandboxPool`, the one owner of a grading run's
+sandboxes."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+
+from ..runtime import procs
+from .limits import Limits, NOBODY
+from .policy import hidden_paths, student_uid
+from .warm import WarmSandbox, Zygote
+
+
+class SandboxPool:
+    """One student's warm sandboxes (never shared between students).
+
+    A chapter takes a sandbox (`acquire`) and gives it back (`release`). Up to `size` chapters
+    run at once in the same sandbox, each in a child forked from its warm worker (so torch is
+    imported once per student, not once per chapter at a time), in a folder of its own that
+    the worker removes when the chapter ends. When no chapter is left in a sandbox it is reset
+    (every other process killed, /tmp emptied) for the next one.
+
+    If a sandbox dies while two chapters share it, neither can tell which one killed it, so
+    each gets to redo what it was doing once (see `died_shared`), and from then on this
+    student's chapters get a sandbox each: a chapter that kills its sandbox again is alone
+    there, and that costs it alone. `prestart` starts a sandbox early, so its imports overlap
+    the grader's own. With a `zygote` (batch grading), sandboxes are forked from it instead."""
+
+    def __init__(self, limits: Limits | None = None, hide=(), size: int = 1,
+                 zygote: Zygote | None = None):
+        self.limits = limits or Limits.from_env()
+        self.zygote = zygote
+        self.hidden = hidden_paths(hide)
+        self.size = max(1, size)
+        self.sharing = self.size > 1
+        self._boxes: list[WarmSandbox] = []   # alive or in use
+        self._fresh: set[int] = set()         # ids of boxes no chapter has used yet
+        self._cond = threading.Condition()
+        self._workdir = tempfile.mkdtemp(prefix="autograder-sandbox-")
+        os.chmod(self._workdir, 0o700)
+        self.closed = False
+        self._lease = student_uid()  # this student's own uid (as root), for all their sandboxes
+        self.uid = self._lease.uid if self._lease else NOBODY
+
+    def _new(self) -> WarmSandbox:
+        box = None
+        if self.zygote is not None and self.zygote.usable_now():
+            try:
+                box = WarmSandbox(self.limits, self.hidden, self._workdir, self.zygote, self.uid)
+            except OSError:  # (SandboxDied) the zygote is gone: a sandbox of its own then
+                box = None
+        if box is None:
+            box = WarmSandbox(self.limits, self.hidden, self._workdir, uid=self.uid)
+        with self._cond:
+            self._boxes.append(box)
+        return box
+
+    def prestart(self, n: int = 1) -> None:
+        for _ in range(n):
+            box = self._new()
+            with self._cond:
+                self._fresh.add(id(box))
+
+    def adopt(self, box: WarmSandbox) -> None:
+        """Take a fresh sandbox (never used by anyone) started elsewhere, e.g. a spare (only one
+        that runs as this pool's uid: a uid is one student's)."""
+        if box.uid != self.uid:
+            box.kill()
+            return
+        with self._cond:
+            self._boxes.append(box)
+            self._fresh.add(id(box))
+
+    def take_fresh(self) -> WarmSandbox | None:
+        """A sandbox that no chapter has used yet (a prestarted one), or None; it leaves this
+        pool (the caller's pool adopts it)."""
+        with self._cond:
+            for box in self._boxes:
+                if id(box) in self._fresh and box.users == 0 and box.alive():
+                    self._boxes.remove(box)
+                    self._fresh.discard(id(box))
+                    return box
+        return None
+
+    def acquire(self) -> WarmSandbox:
+        """A sandbox with room for one more chapter (waiting for one being reset)."""
+        with self._cond:
+            while True:
+                room = self.size if self.sharing else 1
+                alive = [b for b in self._boxes if b.alive() or b.users]
+                usable = [b for b in alive if not b.resetting and b.users < room and b.alive()]
+                if usable:
+                    box = min(usable, key=lambda b: b.users)
+                    box.users += 1
+                    self._fresh.discard(id(box))
+                    return box
+                if not any(b.resetting for b in alive):
+                    break
+                self._cond.wait(self.limits.control_timeout)
+            box = self._new()  # under the lock, so two chapters starting at once share it
+            box.users += 1
+            return box
+
+    def release(self, box: WarmSandbox) -> None:
+        """A chapter is done with `box` (its child already killed)."""
+        with self._cond:
+            box.users -= 1
+            if box.died_shared:
+                self.sharing = False  # see the class docstring
+            last = box.users == 0
+            if last:
+                box.resetting = True
+        if not last:
+            return
+        keep = box.alive() and not self.closed and box.reset()
+        with self._cond:
+            box.resetting = False
+            if not keep:
+                if box in self._boxes:
+                    self._boxes.remove(box)
+            self._cond.notify_all()
+        if not keep:
+            box.kill()
+
+    def close(self) -> None:
+        self.closed = True
+        with self._cond:
+            boxes, self._boxes = list(self._boxes), []
+            self._cond.notify_all()
+        for box in boxes:
+            box.kill()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+        if self._lease is not None:
+            procs.kill_uid(self.uid)  # (nothing should be left: the namespaces are gone)
+            self._lease.release()
+            self._lease = None
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False

@@ -1,0 +1,139 @@
+"""One chapter's child process, launched in the chosen mode with its three pipes, and killed with
+everything it started."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+
+from ..runtime import procs
+from .limits import Limits, NOBODY, describe_exit
+from .policy import RUNTIME_DEST, base_env, child_config, python_argv, bwrap_command, child_sys_path, popen_bwrap, stage_runtime, student_uid
+from .modes import probe_bubblewrap
+
+
+class Child:
+    """One launched worker process and its three pipes (requests in, results out, output out).
+
+    The parent's ends are non-blocking: `req_fd` (write), `res_fd` and `out_fd` (read).
+    """
+
+    def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str,
+                 data_headroom: int = 0):
+        self.mode, self.limits, self.token = mode, limits, token
+        req_r, self.req_fd = os.pipe()
+        self.res_fd, res_w = os.pipe()
+        self.out_fd, out_w = os.pipe()
+        stage = stage_runtime()
+        sys_path = child_sys_path(hidden)
+        root = os.geteuid() == 0
+        drop = None
+        self.lease = None
+        if mode == "bubblewrap":
+            home = "/tmp"
+            runtime = RUNTIME_DEST
+            if root and not shutil.which("setpriv"):
+                drop = [NOBODY, NOBODY]
+        else:
+            home, runtime = workdir, str(stage)
+            if root:  # no namespaces, but the student's code must not run as root
+                uid = NOBODY
+                if mode == "container":  # a uid of its own: every process of it is this child's
+                    self.lease = student_uid()
+                    uid = self.lease.uid if self.lease else NOBODY
+                drop = [uid, uid]
+                os.chown(workdir, uid, uid)
+        config = child_config(mode, limits, runtime, sys_path, drop, token)
+        if data_headroom:
+            config["data_headroom"] = int(data_headroom)
+        argv = python_argv(runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
+        if mode == "bubblewrap":
+            _, _, variant = probe_bubblewrap()
+            argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
+        try:
+            self.proc = (popen_bwrap if mode == "bubblewrap" else subprocess.Popen)(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                pass_fds=(req_r, res_w), env=base_env(home, token), cwd=workdir,
+                start_new_session=True, close_fds=True)
+        finally:
+            for fd in (req_r, res_w, out_w):
+                os.close(fd)
+        for fd in (self.req_fd, self.res_fd, self.out_fd):
+            os.set_blocking(fd, False)
+        self.pid = self.proc.pid
+        self.closed = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """Kill the child and everything it started; close the pipes. Idempotent."""
+        if self.mode == "bubblewrap":
+            # bwrap's PID-1 has PDEATHSIG=SIGKILL; when it dies the kernel kills the namespace.
+            procs.send(self.proc.pid, signal.SIGKILL)
+            killpg(self.proc.pid)
+        else:
+            kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
+        if self.lease is not None:  # whatever escaped the tree (a double fork, a new session)
+            procs.kill_uid(self.lease.uid, self.limits.kill_rounds)
+        self.wait(self.limits.kill_wait)
+        close_pipes(self)
+        if self.lease is not None:
+            from .uid_cleanup import clean_up
+
+            clean_up(self.lease.uid)  # its files in /tmp, /var/tmp, /dev/shm, its keyrings
+            self.lease.release()
+            self.lease = None
+
+    def exit_description(self) -> str:
+        """Why the child ended, in words."""
+        return describe_exit(self.proc.poll(), self.limits, self.mode == "bubblewrap")
+
+
+def killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _marked(token: str, pids) -> set[int]:
+    """Processes whose environment carries this child's AUTOGRADER_CHILD token."""
+    needle = f"AUTOGRADER_CHILD={token}".encode()
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read():
+                    out.add(pid)
+        except OSError:
+            pass
+    return out
+
+
+def kill_fallback_tree(root_pid: int, token: str, rounds: int = Limits.kill_rounds) -> None:
+    """Stop, then kill, the child, its descendants (orphans included: the worker is a child
+    subreaper), its process group, and any process carrying its environment token (a daemon
+    that escaped both). Without /proc only the process group is killed."""
+    procs.kill_tree(root_pid, rounds, also=lambda table: _marked(token, table))
+
+
+# --------------------------------------------------------------------------- the warm worker
+
+def close_pipes(child) -> None:
+    """Close a child's three pipe ends, once (a child may be killed more than once)."""
+    if not child.closed:
+        child.closed = True
+        for fd in (child.req_fd, child.res_fd, child.out_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,88 @@
+"""After a student's uid is done (the container mode, `sandbox.Child`): nothing of theirs stays.
+
+Without namespaces the student's code shares the machine's /tmp, /var/tmp and /dev/shm, and the
+kernel keeps a keyring per uid. A student could leave a world-readable file there (their code, a
+copy of their answers) for a later student to read or run, or a key in their uid's keyring for
+whoever gets that uid next. So when the student's processes are gone: every file their uid owns
+in those folders is removed, and their keyrings are cleared. Their TMPDIR (and HOME) is a folder
+of the session's own (`StudentSession`), removed with it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+KEYCTL = {"x86_64": 250, "aarch64": 219, "i686": 288, "ppc64le": 287, "s390x": 280}  # syscall numbers
+KEYCTL_CLEAR, USER_KEYRING, USER_SESSION_KEYRING = 7, -4, -5
+
+
+def as_uid(uid: int, action) -> int:
+    """Run `action()` (plain system calls only) in a forked process that is `uid`, and wait
+    for it: a keyring belongs to its uid, whose processes alone reach it. Its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            status = int(action() or 0)
+        finally:
+            os._exit(status)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def remove_files_of(uid: int, dirs=SHARED_DIRS) -> int:
+    """Remove what `uid` owns in `dirs`: at their top and in any world-writable folder below
+    (the only places another uid's files can hold theirs); a folder of theirs goes whole. Links
+    are removed, never followed. Returns how many entries were removed."""
+    removed = 0
+    todo = [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
+    while todo:
+        folder = todo.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            try:
+                if st.st_uid == uid:
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        os.unlink(e.path)
+                    removed += 1
+                elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                    todo.append(e.path)
+            except OSError:
+                pass
+    return removed
+
+
+def clear_keyrings(uid: int) -> None:
+    """Clear `uid`'s user and user-session keyrings (as that uid: `as_uid`)."""
+    import ctypes
+    import platform
+
+    nr = KEYCTL.get(platform.machine())
+    if os.geteuid() != 0 or sys.platform != "linux" or nr is None:
+        return
+    syscall = ctypes.CDLL(None, use_errno=True).syscall  # (loaded before the fork)
+    try:
+        as_uid(uid, lambda: [syscall(nr, KEYCTL_CLEAR, ring) for ring in (USER_KEYRING, USER_SESSION_KEYRING)]
+               and 0)
+    except OSError:
+        pass
+
+
+def clean_up(uid: int) -> None:
+    remove_files_of(uid)
+    clear_keyrings(uid)

@@ -1,0 +1,405 @@
+"""Sandboxes held open on a control socket: a student's warm worker (torch imported once per
+student), the batch worker's zygote (torch imported once per worker, each student forked from
+it), and the chapter children forked from either."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+from ..runtime import procs
+from .limits import Limits, NOBODY, describe_exit, time_now
+from .policy import RUNTIME_DEST, base_env, child_config, python_argv, bwrap_command, child_sys_path, popen_bwrap, stage_runtime
+from .modes import SandboxMode, probe_bubblewrap
+from .processes import close_pipes, killpg
+
+
+class SandboxDied(OSError):
+    """The student's warm worker (and so the sandbox) is gone or stopped answering."""
+
+
+class _Bwrap:
+    """A sandbox's bubblewrap process (`poll`, `stop`)."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen, self.pid = popen, popen.pid
+
+    @classmethod
+    def start(cls, argv: list[str], sock_fd: int, out_fd: int, token: str, workdir: str) -> "_Bwrap":
+        """Run `argv` (a bwrap command line) with the control socket and output pipe."""
+        return cls(popen_bwrap(
+            argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,),
+            env=base_env("/tmp", token), cwd=workdir, start_new_session=True, close_fds=True))
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def stop(self, wait: float) -> None:
+        """Kill bwrap: the PID namespace, and every process in it, goes with it."""
+        procs.send(self.pid, signal.SIGKILL)
+        killpg(self.pid)
+        try:
+            self.popen.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class _Controlled:
+    """A process in a sandbox that the grader drives over a control socket (`protocol`): a
+    student's warm worker, or a batch worker's zygote.
+
+    `launch(sock_fd, out_fd)` starts it and returns its process (`poll`, `stop`). It is called
+    from the listener thread, which lives exactly as long as the sandbox: bubblewrap's
+    --die-with-parent ties bwrap's life to the *thread* that started it, and the thread that
+    asked for a sandbox may end before the sandbox does."""
+
+    what = "the grading process"
+
+    def __init__(self, limits: Limits, launch):
+        import socket
+
+        from ..shared import protocol
+
+        self._p = protocol
+        self.limits = limits
+        self.started = time_now()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out_r, out_w = os.pipe()
+        self.output = bytearray()  # the process's own output (start-up errors), last 4 KiB
+        self._cond = threading.Condition()
+        self._replies: list = []
+        self.ready = None          # the Ready message
+        self.dead = False
+        self.proc = None
+        self._request_lock = threading.Lock()
+        self.sock, self._out_fd = mine, out_r
+        started: list = []
+        spawned = threading.Event()
+
+        def spawn() -> bool:
+            try:
+                self.proc = launch(theirs.fileno(), out_w)
+                started.append(None)
+            except OSError as e:
+                started.append(e)
+            finally:
+                theirs.close()
+                os.close(out_w)
+                spawned.set()
+            return started[0] is None
+
+        threading.Thread(target=self._listen, args=(spawn,), daemon=True).start()
+        spawned.wait()
+        if started[0] is not None:
+            mine.close()
+            os.close(out_r)
+            raise started[0]
+
+    def _on_message(self, message) -> None:
+        """A message from the process (called with the condition held)."""
+        if isinstance(message, self._p.Ready):
+            self.ready = message
+        else:
+            self._replies.append(message)
+
+    # -- the listener thread --------------------------------------------------------------
+    def _listen(self, spawn) -> None:
+        import select
+
+        if not spawn():
+            return
+        p = self._p
+        fds = [self.sock.fileno(), self._out_fd]
+        try:
+            while True:
+                ready, _, _ = select.select(fds, [], [])
+                if self._out_fd in ready:
+                    data = os.read(self._out_fd, 1 << 16)
+                    if not data:
+                        fds.remove(self._out_fd)
+                    self.output = (self.output + data)[-4096:]
+                if self.sock.fileno() in ready:
+                    message, extra = p.receive(self.sock)
+                    p._close(extra)
+                    if message is None:
+                        break
+                    with self._cond:
+                        self._on_message(message)
+                        self._cond.notify_all()
+        except (OSError, ValueError):  # ProtocolError is a ValueError: garbage ends the sandbox
+            pass
+        self.kill()
+        try:
+            os.close(self._out_fd)
+        except OSError:
+            pass
+
+    def _wait(self, predicate, timeout: float):
+        with self._cond:
+            return self._cond.wait_for(lambda: predicate() or self.dead, timeout)
+
+    # -- requests -------------------------------------------------------------------------
+    def wait_ready(self, deadline: float) -> str | None:
+        """None once the process has imported everything, else why it did not start."""
+        self._wait(lambda: self.ready is not None, max(0.0, deadline - time_now()))
+        if self.ready is not None and not self.dead:
+            return None
+        timed_out = not self.dead
+        self.kill()
+        if isinstance(self.proc, _SpawnedBox):  # its setup failed: later students do without
+            self.proc.zygote.broken = True
+        detail = self.output.decode("utf-8", "replace").strip().splitlines()[-3:]
+        why = (f"did not start within {self.limits.startup_timeout:g} s" if timed_out
+               else describe_exit(self.proc.poll(), self.limits, True))
+        return f"{self.what} {why}" + (": " + " | ".join(detail) if detail else "")
+
+    def _request(self, message, fds=(), reply=None):
+        """Send a request; with `reply` (a message class) wait for it. SandboxDied if the
+        process is gone or does not answer within `control_timeout` (it is killed then)."""
+        p = self._p
+        with self._request_lock:
+            if self.dead:
+                raise SandboxDied("the sandbox is gone")
+            try:
+                p.send(self.sock, message, fds)
+            except OSError as e:
+                self.kill()
+                raise SandboxDied(f"the sandbox is gone ({e})") from None
+            if reply is None:
+                return None
+            found = []
+
+            def got():
+                for i, m in enumerate(self._replies):
+                    if isinstance(m, reply):
+                        found.append(self._replies.pop(i))
+                        return True
+                return False
+
+            self._wait(got, self.limits.control_timeout)
+            if not found:
+                self.kill()
+                raise SandboxDied(f"{self.what} stopped answering")
+            return found[0]
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the process and its sandbox. Idempotent."""
+        if self.proc is not None:
+            self.proc.stop(self.limits.kill_wait)
+        with self._cond:
+            self.dead = True
+            self._cond.notify_all()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class WarmSandbox(_Controlled):
+    """One student's sandbox holding a warm worker (`autograder.runtime.warm`) that has imported
+    torch once and forks a fresh child per chapter (`fork`), each working in a folder of its own
+    under /tmp that the worker removes when that child ends. Several chapters of the student may
+    run in it at once (see `SandboxPool`); once none is left, `reset` kills whatever they left
+    and empties /tmp before the next.
+
+    The sandbox is a bubblewrap sandbox of its own, or, given a `Zygote` (batch grading as
+    root), namespaces of its own forked from the zygote, whose torch is already imported."""
+
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str, zygote: "Zygote | None" = None,
+                 uid: int = NOBODY):
+        import secrets
+
+        self.mode = SandboxMode.BUBBLEWRAP
+        self.uid = uid  # (as root: the student's own, see `autograder.sandbox.uids`)
+        sys_path = child_sys_path(hidden)
+        drop = [uid, uid] if os.geteuid() == 0 and not shutil.which("setpriv") else None
+        token = secrets.token_hex(16)
+        config = child_config("bubblewrap", limits, RUNTIME_DEST, sys_path, drop, token)
+        self.exits: dict[int, int] = {}
+        # kept by the SandboxPool: chapters in it now, whether it is being reset
+        self.users, self.resetting = 0, False
+        self.died_shared = False   # it died while more than one chapter was in it
+        if zygote is not None:
+            def launch(sock_fd, out_fd):
+                return zygote.spawn(token, {**config, **zygote.box_config, "nobody": uid}, sock_fd, out_fd)
+        else:
+            def launch(sock_fd, out_fd):
+                argv = python_argv(RUNTIME_DEST, "warm", [str(sock_fd), json.dumps(config)], module="runtime.warm")
+                return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
+                                                  probe_bubblewrap()[2], uid=uid),
+                                    sock_fd, out_fd, token, workdir)
+        super().__init__(limits, launch)
+
+    def _on_message(self, message) -> None:
+        if isinstance(message, self._p.Exited):
+            self.exits[message.pid] = message.returncode
+        else:
+            super()._on_message(message)
+
+    def fork(self, token: str, data_headroom: int = 0) -> "ForkedChild":
+        """A fresh child for one chapter, forked from the warm worker (with `data_headroom`,
+        its memory capped that far above what it holds when it starts)."""
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            config = {"threads": self.limits.threads, "cuda_fraction": self.limits.gpu_share}
+            if data_headroom:
+                config["data_headroom"] = int(data_headroom)
+            forked = self._request(self._p.Fork(token, config),
+                                   (req_r, res_w, out_w), self._p.Forked)
+        except BaseException:
+            for fd in (req_w, res_r, out_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (req_r, res_w, out_w):
+                os.close(fd)
+        return ForkedChild(self, forked.pid, token, req_w, res_r, out_r)
+
+    def kill_child(self, pid: int) -> None:
+        """Kill a chapter's child and its processes; the whole sandbox if the worker fails."""
+        if self.dead:
+            self.kill()
+            return
+        if pid in self.exits:
+            return
+        try:
+            self._request(self._p.Kill(pid))
+        except SandboxDied:
+            return
+        if not self._wait(lambda: pid in self.exits, self.limits.control_timeout):
+            self.kill()
+
+    def reset(self) -> bool:
+        """Kill every process but the warm worker and empty /tmp; False if that failed (the
+        sandbox is then killed)."""
+        try:
+            self._request(self._p.Reset(), reply=self._p.ResetDone)
+            return True
+        except SandboxDied:
+            return False
+
+    def kill(self) -> None:
+        if not self.dead and self.users > 1:
+            self.died_shared = True
+        super().kill()
+
+
+class Zygote(_Controlled):
+    """A batch worker's zygote (`autograder.runtime.zygote`): one sandbox that imports torch once and
+    starts every student's warm worker by forking it into namespaces of its own, instead of a
+    bubblewrap sandbox and a torch import per student. Only where the grader runs as root
+    (`usable`); a student's sandbox that it cannot start is started the usual way."""
+
+    what = "the zygote"
+
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str):
+        import secrets
+
+        sys_path = child_sys_path(hidden)
+        token = secrets.token_hex(16)
+        config = child_config("bubblewrap", limits, RUNTIME_DEST, sys_path, None, token)
+        self.box_config = {"tmp_size": limits.tmp_size, "nobody": NOBODY}
+        self.ended: dict[str, int] = {}  # a student's sandbox (its token) -> how it ended
+        self.broken = False  # a sandbox it started failed before answering: start no more
+
+        def launch(sock_fd, out_fd):
+            argv = python_argv(RUNTIME_DEST, "zygote", [str(sock_fd), json.dumps(config)],
+                                module="runtime.zygote")
+            return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
+                                              probe_bubblewrap()[2], keep_root=True),
+                                sock_fd, out_fd, token, workdir)
+        super().__init__(limits, launch)
+
+    @staticmethod
+    def usable(mode: "SandboxMode") -> bool:
+        return mode == SandboxMode.BUBBLEWRAP and sys.platform == "linux" and os.geteuid() == 0
+
+    def _on_message(self, message) -> None:
+        if isinstance(message, self._p.BoxEnded):
+            self.ended[message.token] = message.returncode
+        else:
+            super()._on_message(message)
+
+    def spawn(self, token: str, config: dict, sock_fd: int, out_fd: int) -> "_SpawnedBox":
+        """A student's warm worker in fresh namespaces, serving `sock_fd`. SandboxDied if the
+        zygote did not start or does not answer."""
+        why = self.wait_ready(time_now() + self.limits.startup_timeout)
+        if why:
+            raise SandboxDied(why)
+        self._request(self._p.Spawn(token, config), (sock_fd, out_fd), self._p.Spawned)
+        return _SpawnedBox(self, token)
+
+    def usable_now(self) -> bool:
+        return not self.dead and not self.broken
+
+    def kill_box(self, token: str) -> None:
+        if token in self.ended:
+            return
+        try:
+            self._request(self._p.KillBox(token))
+        except SandboxDied:  # the zygote is gone, and every student's sandbox with it
+            pass
+
+
+class _SpawnedBox:
+    """A student's sandbox started by a `Zygote` (`poll`, `stop`): the zygote's forked
+    process that waits for the student's warm worker (PID 1 of the student's namespaces),
+    named by its token."""
+
+    def __init__(self, zygote: Zygote, token: str):
+        self.zygote, self.token = zygote, token
+
+    def poll(self) -> int | None:
+        rc = self.zygote.ended.get(self.token)
+        if rc is None and self.zygote.dead:
+            return 128 + signal.SIGKILL
+        return rc
+
+    def stop(self, wait: float) -> None:
+        """The student's warm worker dies with the process the zygote kills, and every process
+        of the student's PID namespace with it."""
+        self.zygote.kill_box(self.token)
+        self.zygote._wait(lambda: self.token in self.zygote.ended, wait)
+
+
+class ForkedChild:
+    """A chapter's child forked by a `WarmSandbox`: the interface of `Child`."""
+
+    def __init__(self, box: WarmSandbox, pid: int, token: str, req_fd: int, res_fd: int,
+                 out_fd: int):
+        self.box, self.pid, self.token = box, pid, token
+        self.mode, self.limits = box.mode, box.limits
+        self.req_fd, self.res_fd, self.out_fd = req_fd, res_fd, out_fd
+        for fd in (req_fd, res_fd, out_fd):
+            os.set_blocking(fd, False)
+        self.closed = False
+
+    def returncode(self) -> int | None:
+        rc = self.box.exits.get(self.pid)
+        if rc is None and self.box.dead:
+            rc = self.box.proc.poll()
+            return -signal.SIGKILL if rc is None else rc
+        return rc
+
+    def alive(self) -> bool:
+        return self.returncode() is None
+
+    def wait(self, timeout: float) -> int | None:
+        self.box._wait(lambda: self.pid in self.box.exits, timeout)
+        return self.returncode()
+
+    def kill(self) -> None:
+        self.box.kill_child(self.pid)
+        close_pipes(self)
+
+    def exit_description(self) -> str:
+        return describe_exit(self.returncode(), self.limits, self.box.dead)

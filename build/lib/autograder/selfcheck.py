@@ -1,0 +1,159 @@
+"""The student-side check, called from each exercise's self-check cell.
+
+    from autograder.selfcheck import check
+    check("02_scaled_dot_product_attention", "scaled_dot_product_attention", scaled_dot_product_attention)
+
+It runs a few fast cases in the student's own kernel and compares with expected outcomes stored
+in `autograder/data/selfcheck.agw` (made from the reference solutions by
+`python -m autograder selfcheck-data`), so it needs neither the solutions nor the grader's
+hidden cases, and reveals no reference code. Failures raise `SelfCheckFailed` with the same
+diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint;
+except that a find-the-bug hint (`fixed_*`) names the symptom only, never the fix
+(`cases.extra.symptoms_only`): finding the fix is the exercise.
+
+A written answer ("predict the output", contract kind "answer") is the exception: this check
+runs where the student can read and patch everything, so its data hold no expected value for
+it, only the shape the question asks for (`answers.form`). It checks the answer's form (not
+`...`, numbers, that shape) and says the answer is recorded, with the same words for a right
+and a wrong value; the autograder, which computes the expected value from the reference
+solutions, checks the value.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from .runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
+from .shared import wire
+from .cases.written_answers import check_form, form, shape_words
+from .shared.calls import Call, Outcome
+from .grading.compare import Mismatch
+from .shared.contract import CHAPTERS
+from .runtime.execute import at_float32, execute
+
+DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
+
+
+class SelfCheckFailed(AssertionError):
+    """A self-check found a problem; the message is the diagnosis."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the diagnosis alone, not a traceback into the grader's own code."""
+        return str(self).splitlines()
+
+
+@lru_cache(maxsize=1)
+def _fixtures() -> dict:
+    return wire.load(DATA)
+
+
+def build_fixtures() -> dict:
+    """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
+    meta-device variant as the grader runs it); of a written answer, only its form."""
+    from .cases import build_cases
+    from .grading.variants import variants
+    from .cases.inputs import SELF_CHECK_SEED
+    from .references.solutions import load_reference
+
+    data = {}
+    for chapter in CHAPTERS.values():
+        ref = load_reference(chapter.id)
+        for ex in chapter.exercises:
+            cases = build_cases(chapter.id, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
+            if ex.kind == "answer":  # never the value: the shape asked for, nothing a loop could invert
+                data[f"{chapter.id}/{ex.name}"] = [
+                    {"call": c.to_plain(), "expected": form(execute(ref, c)).to_plain(), "expected_meta": None}
+                    for c in cases]
+                continue
+            meta = dict(variants(cases[:1], FAKE_CUDA))  # the device check, as the grader's
+            data[f"{chapter.id}/{ex.name}"] = [
+                {"call": c.to_plain(), "expected": _with_float32(execute(ref, c), ref, c).to_plain(),
+                 "expected_meta": execute(ref, meta[i]).to_plain() if i in meta else None}
+                for i, c in enumerate(cases)]
+    return data
+
+
+def _with_float32(expected: Outcome, ref: dict, c: Call) -> Outcome:
+    expected.at_float32 = None if expected.error else at_float32(ref, c)
+    return expected
+
+
+def write_fixtures(path: Path = DATA) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wire.save(build_fixtures(), path)
+
+
+def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
+    """(call, mismatch or None, note) for each quick case up to the first failure, then the
+    first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
+    answer: its form only (`answers.check_form`), whatever its value."""
+    from .cases.other_kinds import symptoms_only
+
+    with symptoms_only():  # a find-the-bug hint names the symptom here, never the fix
+        return _run_checks(chapter, exercise, obj)
+
+
+def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
+    from .grading.judge import forbidden_message, judge
+    from .grading.variants import variants
+
+    ex = CHAPTERS[chapter].exercise(exercise)
+    namespace = {ex.target: obj}
+    results = []
+    entries = _fixtures()[f"{chapter}/{exercise}"]
+    if ex.kind == "answer":
+        for entry in entries:
+            c = Call.from_plain(entry["call"])
+            results.append((c, check_form(c, execute(namespace, c), Outcome.from_plain(entry["expected"])), ""))
+        return results
+    for entry in entries:
+        c = Call.from_plain(entry["call"])
+        verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]))
+        m = verdict.mismatch
+        if m is None and verdict.forbidden:
+            m = Mismatch("forbidden", forbidden_message(ex, verdict.forbidden))
+        results.append((c, m, verdict.note))
+        if m:
+            return results
+    first = entries[0]
+    if first["expected_meta"] is not None:
+        (_, c), = variants([Call.from_plain(first["call"])], FAKE_CUDA)
+        student = execute(namespace, c)
+        m = judge(ex, c, student, Outcome.from_plain(first["expected_meta"])).mismatch
+        results.append((c, None if unchecked(student) else m, ""))
+    return results
+
+
+def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bool:
+    """Run the quick checks of one exercise; print a summary, and on failure raise
+    SelfCheckFailed with the diagnosis (or, with raise_on_failure=False, print it and return False)."""
+    results = run_checks(chapter, exercise, obj)
+    failed = [(c, m) for c, m, _ in results if m]
+    answer = CHAPTERS[chapter].exercise(exercise).kind == "answer"
+    if not failed and answer:
+        shape = _fixtures()[f"{chapter}/{exercise}"][0]["expected"]["meta"][0]["shape"]
+        print(f"✓ {exercise}: recorded ({shape_words(shape)}, the form the question asks for).\n"
+              "  This check looks at the form only and says the same for any value; whether the value "
+              "is right, only the autograder checks.")
+        return True
+    if not failed:
+        print(f"✓ {exercise}: {len(results)} quick checks passed "
+              "(shapes, values, gradients, masks, device portability). The autograder runs more cases.")
+        for note in sorted({n for _, _, n in results if n}):
+            print(f"  note: {note}")
+        return True
+    c, m = failed[0]
+    device = " in the device check (your code run as if on a GPU)" if c.device in DEVICE_CHECKS else ""
+    lines = [f"✗ {exercise}: failed on case '{c.case}'{device}", f"  {m.message}"]
+    if m.not_implemented:
+        lines = [f"✗ {exercise}: not implemented yet (the stub raises NotImplementedError)."]
+        if answer:
+            lines = [f"✗ {exercise}: not implemented yet (replace the `...` with your answer)."]
+    elif answer:
+        lines = [f"✗ {exercise}: {m.message}"] + ([f"  hint: {m.hint}"] if m.hint else [])
+    elif m.hint:
+        lines.append(f"  hint: {m.hint}")
+    if not raise_on_failure:
+        print("\n".join(lines))
+        return False
+    raise SelfCheckFailed("\n".join(lines)) from None

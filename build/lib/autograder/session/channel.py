@@ -1,0 +1,146 @@
+"""The grader's end of one child's pipes: results as `protocol` messages, output split per
+cell and per call (by the separator the child writes after each), both capped."""
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from ..shared import protocol
+from ..shared import wire
+from ..sandbox.processes import Child
+
+# Caps on a child's frames (the student's process writes them: hostile input). Honest ones are
+# small: over every chapter's solutions, at most 6.7 KB of header and 810 JSON values, 7 deep.
+RESULT_HEADER = 16 << 20
+RESULT_NODES = 1 << 18
+
+
+class Budget:
+    def __init__(self, cap: int):
+        self.left = cap
+
+
+class Capture:
+    """Output of one cell or call: the first bytes the budget allows, and a count of the rest."""
+
+    def __init__(self, budget: Budget):
+        self.budget, self.kept, self.dropped = budget, bytearray(), 0
+
+    def add(self, data: bytes) -> None:
+        room = max(0, min(len(data), self.budget.left))
+        self.kept += data[:room]
+        self.budget.left -= room
+        self.dropped += len(data) - room
+
+    def text(self) -> str:
+        text = self.kept.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        return text
+
+
+class Channel:
+    """The parent's view of one child: frames from the result pipe, output split by separator."""
+
+    def __init__(self, child: Child, result_cap: int):
+        self.child = child
+        self.result_cap = min(result_cap, wire.MAX_PAYLOAD)
+        self.results = wire.FrameReader(min(RESULT_HEADER, self.result_cap), self.result_cap, RESULT_NODES)
+        self.results_eof = False
+        self.output_eof = False
+        self.separator = b"\0" + child.token.encode() + b"\0"
+        self.pending = bytearray()  # output not yet attributed (may end in half a separator)
+        self.segment = 0            # how many separators have been seen
+        self.captures: dict[int, Capture] = {}
+        self.calls = 0              # segments used by calls so far
+
+    # -- output ---------------------------------------------------------------------------
+    def _deliver(self, data: bytes) -> None:
+        capture = self.captures.get(self.segment)
+        if capture is not None and data:
+            capture.add(data)
+
+    def feed_output(self, data: bytes) -> None:
+        self.pending += data
+        while True:
+            i = self.pending.find(self.separator)
+            if i < 0:
+                break
+            self._deliver(bytes(self.pending[:i]))
+            del self.pending[: i + len(self.separator)]
+            self.segment += 1
+        keep = len(self.separator) - 1
+        if len(self.pending) > keep:
+            self._deliver(bytes(self.pending[:-keep]))
+            del self.pending[:-keep]
+
+    def flush_output(self) -> None:
+        self._deliver(bytes(self.pending))
+        self.pending.clear()
+
+    def drain_output(self, limit: int) -> None:
+        got = 0
+        while not self.output_eof and got < limit:
+            data = _read(self.child.out_fd, 1 << 16)
+            if data is None:
+                return
+            if not data:
+                self.output_eof = True
+                self.flush_output()
+                return
+            got += len(data)
+            self.feed_output(data)
+
+    # -- results --------------------------------------------------------------------------
+    def read_results(self) -> None:
+        while not self.results_eof:
+            data = _read(self.child.res_fd, 1 << 20)
+            if data is None:
+                return
+            if not data:
+                self.results_eof = True
+                return
+            self.results.feed(data)
+            if len(self.results.buf) > self.result_cap + (1 << 20):
+                raise wire.WireError("the child sent more data than the result size limit")
+
+    def next_message(self):
+        """The child's next message (a `protocol` dataclass); None while none is complete.
+        WireError or ProtocolError if what came is malformed, never another exception: the
+        session makes either a crash of what the child was doing, not a grader error."""
+        frame = self.results.pop()
+        if frame is None:
+            return None
+        data = wire.decode(frame, self.results.max_nodes)
+        try:
+            return protocol.from_plain(data)
+        except protocol.ProtocolError:
+            raise
+        except Exception as e:  # (a field the checks themselves trip on: {"kind": []})
+            raise protocol.ProtocolError(f"not a message ({type(e).__name__})") from None
+
+
+def _read(fd: int, size: int) -> bytes | None:
+    """What a non-blocking pipe holds: None if nothing yet, b"" at its end (or when broken)."""
+    try:
+        return os.read(fd, size)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def poll_wait(channel: Channel, deadline: float, write: memoryview | None = None):
+    """Wait until something happens on the child's pipes or the deadline passes."""
+    poller = select.poll()
+    if not channel.results_eof:
+        poller.register(channel.child.res_fd, select.POLLIN)
+    if not channel.output_eof:
+        poller.register(channel.child.out_fd, select.POLLIN)
+    if write is not None:
+        poller.register(channel.child.req_fd, select.POLLOUT)
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return []
+    return poller.poll(max(1, int(remaining * 1000)))

@@ -1,0 +1,62 @@
+"""The memory case's own child: the one place where a student's memory is capped.
+
+A memory case (`Call.capped_memory`, chapter 7's online softmax) is scored by whether it runs
+where the kernel caps the child's memory far below the score matrix (`Limits.memory_case`
+beyond what the child holds when it starts, the notebook's cells included). Only that case runs
+there: the chapter's other cases, on every device, run in the ordinary children, whose memory a
+GPU's driver may grow by hundreds of MiB after they start (CUDA loads its kernels lazily).
+
+The capped child runs the notebook's cells again, then the memory cases, on the CPU with no
+GPU visible; its address space is capped (RLIMIT_AS, which counts shared and file-backed
+mappings too) and a seccomp filter refuses anonymous shared memory, memfd_create, shmget and
+sockets there (`autograder.runtime.prepare.confine_memory_case`; the child exits before any student code
+runs where that cannot be done, so the case fails rather than go unmeasured). It runs before
+the chapter's other children start and is gone when they do, so no process of the chapter can
+compute beside it.
+"""
+from __future__ import annotations
+
+from ..shared.calls import Call, Outcome
+
+
+def _key(call: Call) -> tuple:
+    return (call.exercise, call.case, call.device, call.dtype)
+
+
+class MemoryCases:
+    """The memory cases of one notebook's chapter, run first in a capped child of their own.
+
+    `run_first()` runs them (once) and closes that child; `route(run)` gives a run function
+    that answers those calls from what was measured and passes every other call to `run`. A
+    memory call that was not run first gets a capped child of its own then: it never runs in an
+    uncapped one."""
+
+    def __init__(self, cells: list, calls: list[Call], **session_args):
+        self.cells, self.calls = cells, [c for c in calls if c.capped_memory]
+        self.session_args = session_args
+        self.outcomes: dict[tuple, Outcome] = {}
+        self.ran = False
+
+    def run_first(self) -> None:
+        if self.ran or not self.calls:
+            return
+        self.ran = True
+        self.outcomes.update(zip(map(_key, self.calls), self._run(self.calls)))
+
+    def _run(self, calls: list[Call]) -> list[Outcome]:
+        from .student_session import StudentSession
+
+        with StudentSession(self.cells, memory_capped=True, **self.session_args) as session:
+            info = session.start()
+            if info.get("error"):
+                why = f"the memory-capped process could not run the notebook: {info['error']}"
+                return [Outcome.failure("Crash", why) for _ in calls]
+            return [session.run(c) for c in calls]
+
+    def route(self, run):
+        def routed(call: Call) -> Outcome:
+            if not call.capped_memory:
+                return run(call)
+            outcome = self.outcomes.pop(_key(call), None)
+            return outcome if outcome is not None else self._run([call])[0]
+        return routed

@@ -1,0 +1,220 @@
+"""What a chapter's child reports, checked before the grader believes any of it.
+
+The child is untrusted: every field is checked for type, strings are capped, and only plain
+tensors (the `wire` decoder's own) are accepted.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import fields
+
+import torch
+
+from ..shared.calls import Outcome
+
+_OUTCOME_FIELDS = {f.name for f in fields(Outcome)}
+_MAX_TEXT = 20_000  # longest string accepted in an Outcome from the child
+
+
+def _text(x, limit: int = _MAX_TEXT) -> str:
+    if not isinstance(x, str):
+        raise TypeError("expected a string")
+    return x if len(x) <= limit else x[:limit] + " …"
+
+
+def plain_error(err) -> dict | None:
+    if err is None:
+        return None
+    if not isinstance(err, dict):
+        return {"type": "Error", "message": "(unreadable error)", "where": ""}
+    out = {}
+    for key in ("type", "message", "where"):
+        value = err.get(key, "")
+        out[key] = value[:_MAX_TEXT] if isinstance(value, str) else ""
+    mro = err.get("mro")
+    if isinstance(mro, list) and all(isinstance(m, str) for m in mro):
+        out["mro"] = [m[:200] for m in mro[:50]]
+    return out
+
+
+def _tensor_or_none(x):
+    if x is None:
+        return None
+    if type(x) is not torch.Tensor:  # decode makes plain tensors; anything else is forged
+        raise TypeError("expected a tensor")
+    return x
+
+
+def validated(d) -> Outcome | None:
+    """An Outcome built from the child's plain data, or None when it is not well formed.
+
+    The child is untrusted: every field is checked for type, strings are capped, and only
+    plain tensors (the wire decoder's own) are accepted.
+    """
+    try:
+        if not isinstance(d, dict) or not set(d) <= _OUTCOME_FIELDS:
+            return None
+        out = Outcome()
+        if d.get("error") is not None:
+            out.error = plain_error(d["error"])
+        out.returned = _text(d.get("returned", ""), 500)
+        outputs = d.get("outputs", [])
+        meta = d.get("meta", [])
+        if not isinstance(outputs, list) or not isinstance(meta, list) or len(outputs) > 1000:
+            return None
+        out.outputs = [_tensor_or_none(x) for x in outputs]
+        for m in meta:
+            if not isinstance(m, dict):
+                return None
+            clean = {}
+            for k, v in m.items():
+                if k == "shape":
+                    if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
+                        return None
+                    clean[k] = v
+                elif k in ("dtype", "device", "type"):
+                    clean[k] = _text(v, 200)
+            out.meta.append(clean)
+        grads = d.get("grads", {})
+        if not isinstance(grads, dict):
+            return None
+        out.grads = {_text(k, 500): _tensor_or_none(v) for k, v in grads.items()}
+        params = d.get("params")
+        if params is not None:
+            if not isinstance(params, dict):
+                return None
+            out.params = {}
+            for k, v in params.items():
+                if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
+                    return None
+                out.params[_text(k, 500)] = v
+        if d.get("load_error") is not None:
+            out.load_error = _text(d["load_error"])
+        for key in ("inputs_modified", "forbidden", "called", "transient"):
+            value = d.get(key, [])
+            if not isinstance(value, list):
+                return None
+            setattr(out, key, [_text(v, 500) for v in value[:100]])
+        seconds = d.get("seconds", 0.0)
+        out.seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+        out.device_note = _text(d.get("device_note", ""), 300)
+        largest = d.get("largest_tensor")
+        if largest is not None:
+            if not (isinstance(largest, list) and len(largest) == 2 and type(largest[0]) is int):
+                return None
+            out.largest_tensor = [largest[0], _text(largest[1], 200)]
+        return out
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+_CELL_FRAME = re.compile(r"^<cell (\d+)>, line (\d+), in [^:]*: (.*)$")
+
+
+def traceback_in_source(error: dict | None, cells: list[str]) -> bool:
+    """Whether an error's traceback (`execute.student_frames`: "<cell N>, line L, in f: text")
+    could have come from the notebook the grader sent: every frame it places in a cell names a
+    line that exists there with that text. A forged error that cites code the student never
+    wrote is refused (the child is believed about nothing the grader can check itself)."""
+    if not error or not error.get("where"):
+        return True
+    for line in error["where"].splitlines():
+        m = _CELL_FRAME.match(line)
+        if not m:
+            continue
+        number, lineno, text = int(m[1]), int(m[2]), m[3].strip()
+        if not 1 <= number <= len(cells):
+            return False
+        source = cells[number - 1].splitlines()
+        if not 1 <= lineno <= len(source) or source[lineno - 1].strip() != text:
+            return False
+    return True
+
+
+def _innermost_cell_frame(where: str) -> tuple[int, str] | None:
+    frames = [m for m in map(_CELL_FRAME.match, where.splitlines()) if m]
+    return (int(frames[-1][1]), frames[-1][3].strip()) if frames else None
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(cells: tuple[str, ...]) -> tuple[ast.Module | None, ...]:
+    """Each cell's syntax tree (None where it does not parse), parsed once per notebook: every
+    case that expects an error asks about the same cells. Only the last few notebooks are kept
+    (a notebook may be large). Read only, never changed."""
+    def parse(source: str) -> ast.Module | None:
+        try:
+            return ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+    return tuple(parse(source) for source in cells)
+
+
+@functools.lru_cache(maxsize=4)
+def _notebook_classes(cells: tuple[str, ...]) -> dict[str, list[str]]:
+    """Class name -> the names of its bases, for the classes the notebook defines (the caller
+    only reads it)."""
+    classes = {}
+    for tree in _parsed(cells):
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                                      for b in node.bases]
+    return classes
+
+
+def _is_a(type_name: str, expected: str, classes: dict, depth: int = 0) -> bool:
+    """Whether the exception class `type_name` is (a subclass of) `expected`, judged from
+    Python's own built-in classes and the notebook's class definitions, never from the mro the
+    child claims."""
+    import builtins
+
+    if type_name == expected:
+        return True
+    builtin = getattr(builtins, type_name, None)
+    if isinstance(builtin, type) and issubclass(builtin, BaseException):
+        return expected in [c.__name__ for c in builtin.__mro__]
+    if depth > 8 or type_name not in classes:
+        return False
+    return any(_is_a(base, expected, classes, depth + 1) for base in classes[type_name])
+
+
+def _definition_span(cells: list[str], name: str) -> tuple[int, int, int] | None:
+    """(cell number, first line, last line) of the notebook's last top-level definition of
+    `name` (cells run top to bottom: the last one is what is graded)."""
+    span = None
+    for number, tree in enumerate(_parsed(tuple(cells)), 1):
+        if tree is None:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                span = (number, node.lineno, node.end_lineno or node.lineno)
+    return span
+
+
+def expected_error_credible(error: dict, expected: str, cells: list[str], target: str | None = None) -> bool:
+    """Whether an error the case asks for (`Call.expect_error`) was raised by the student's own
+    code, as far as the grader can tell from the notebook it sent: the traceback names lines
+    of the notebook (`traceback_in_source`), the innermost of them is a `raise` of that
+    exception's class, and that class is `expected` or a subclass (Python's built-ins, or a
+    class the notebook defines), and one of its lines lies in the definition of `target` (the
+    graded function or class). A child that only claims the error fails the case."""
+    where = error.get("where") or ""
+    frame = _innermost_cell_frame(where)
+    type_name = str(error.get("type", ""))
+    if frame is None or not traceback_in_source(error, cells):
+        return False
+    _, text = frame
+    # (a `raise` anywhere on the line: `if h % n: raise ValueError(...)` is a raise too)
+    if not (re.search(r"\braise\b", text) and re.search(rf"\b{re.escape(type_name)}\b", text)):
+        return False
+    if not _is_a(type_name, expected, _notebook_classes(tuple(cells))):
+        return False
+    if target is None:
+        return True
+    span = _definition_span(cells, target)
+    frames = [(int(m[1]), int(m[2])) for m in map(_CELL_FRAME.match, where.splitlines()) if m]
+    return span is not None and any(n == span[0] and span[1] <= line <= span[2] for n, line in frames)
