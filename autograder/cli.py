@@ -33,8 +33,8 @@ def _positive(text: str) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: CPU, plus CUDA when available (else a meta-device portability check); "
-                        "cpu: CPU and the meta-device check; cuda: require a GPU (default: auto)")
+                   help="auto: CPU, plus CUDA when available (else the device check on fake CUDA tensors); "
+                        "cpu: CPU and the device check; cuda: require a GPU (default: auto)")
     p.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
                    help="comma-separated chapters to grade, e.g. 02,03 (missing notebooks score zero); "
                         "default: the chapters found")
@@ -62,10 +62,20 @@ def _shard(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected K/N with 1 <= K <= N, e.g. 3/8") from None
 
 
+class _HelpLimits(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .sandbox.limits import limits_table
+
+        print(limits_table())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m autograder",
         description="Grade attention-course notebooks against the reference solutions.")
+    parser.add_argument("--help-limits", action=_HelpLimits, nargs=0,
+                        help="print every limit on student code (AUTOGRADER_* variables, defaults) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("grade", help="grade one submission (a chapter notebook or a folder of them)",

@@ -16,8 +16,9 @@ from pathlib import Path
 from .limits import Limits, NOBODY
 
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-REPO_DIR = PACKAGE_DIR.parent
+from ..references.solutions import PACKAGE_DIR, REPO_DIR, solutions_dir
+from ..references.store import cache_dir
+
 # What the child imports, staged whole: nothing secret (no references, no cases, no solutions).
 # tests/test_runtime_boundary.py fails if anything there imports from outside these folders.
 RUNTIME_PACKAGES = ("shared", "runtime")
@@ -65,19 +66,17 @@ def _under(path: str, parent: str) -> bool:
 
 def hidden_paths(extra=()) -> list[str]:
     """Paths the student's code must not see: the grader's repository and package, the
-    solutions ($AUTOGRADER_SOLUTIONS or <repo>/solutions), $AUTOGRADER_HIDE (os.pathsep
-    separated; results and hidden test data belong here), /work, the reference
-    outcomes' cache folder and `extra`."""
+    solutions (`references.solutions.solutions_dir`), $AUTOGRADER_HIDE (os.pathsep separated;
+    results and hidden test data belong here), the reference outcomes' cache folder
+    (`references.store.cache_dir`) and `extra`. Each is defined once, where it is used."""
     library = interpreter_dirs()
     # An installed grader's "repository" is site-packages itself: its package is hidden (below),
     # the rest of site-packages (torch) must stay visible.
     repo = [] if any(os.path.realpath(REPO_DIR) == os.path.realpath(d) for d in library) else [str(REPO_DIR)]
-    paths = repo + [str(PACKAGE_DIR),
-                    os.environ.get("AUTOGRADER_SOLUTIONS") or str(REPO_DIR / "solutions"), "/work"]
+    paths = repo + [str(PACKAGE_DIR), str(solutions_dir())]
     paths += [p for p in os.environ.get("AUTOGRADER_HIDE", "").split(os.pathsep) if p]
     paths += [os.fspath(p) for p in extra]
     paths += grader_copies(library)
-    from ..references.store import cache_dir
     if cache_dir() is not None:  # the stored reference outcomes hold the hidden inputs
         paths.append(str(cache_dir()))
     out = []
@@ -310,7 +309,7 @@ def readable_secrets(paths: list[str]) -> list[str]:
             return _READABLE[key]
         lease = student_uid()
         uid = lease.uid if lease else NOBODY
-        wanted = [p for p in paths if p != "/work" and os.path.exists(p)]  # (/work: where it is developed)
+        wanted = [p for p in paths if os.path.exists(p)]
         script = 'for p in "$@"; do if [ -r "$p" ]; then printf "%s\\0" "$p"; fi; done'
         try:
             r = subprocess.run(["/bin/sh", "-c", script, "sh", *wanted], user=uid, group=uid, extra_groups=[],
