@@ -1,3 +1,4 @@
+"""`python -m autograder`: the command line (cli.py)."""
 import sys
 
 from .cli import main

@@ -212,18 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
         from .batch import forkserver
         forkserver.context()  # its imports run while this process imports torch below
-    if args.sandbox:
-        os.environ["AUTOGRADER_SANDBOX"] = args.sandbox
-    from .sandbox.modes import SandboxUnavailable, choose_mode
+    from .sandbox.modes import SandboxUnavailable, resolve_sandbox
     try:
         # (in the container mode, what a student's uid must not read: the class and its reports)
         hide = [p for p in (getattr(args, "class_dir", None), getattr(args, "out", None)) if p]
-        mode, note = choose_mode(args.sandbox, hide)
+        sandbox = resolve_sandbox(args.sandbox, hide)  # decided once, handed down to everything below
     except SandboxUnavailable as e:
         print(f"error: no grading without the sandbox: {e}", file=sys.stderr)
         return 3
+    mode = sandbox.mode
     if mode != "bubblewrap":
-        print(f"WARNING: {note}", file=sys.stderr)
+        print(f"WARNING: {sandbox.note}", file=sys.stderr)
     sandboxes = None
     if args.command == "grade" and mode == "bubblewrap":
         # The student's warm sandboxes start now: their torch imports overlap this process's.
@@ -238,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cases.inputs import PublicSeed, course_seed
     try:
         seed = course_seed(args.seed) if args.command == "batch" else args.seed
-        grader = Grader(device=args.device, seed=seed, sandbox=args.sandbox or "auto")
+        grader = Grader(device=args.device, seed=seed, sandbox=sandbox)
     except PublicSeed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from ..report import class_report, gradebook, gradescope, html
 from ..report.csv_safe import row as safe_row
 from ..report.text import plural
 from ..grading.results import ChapterResult, SubmissionResult
-from ..sandbox.modes import SandboxMode, choose_mode
+from ..sandbox.modes import SandboxMode, resolve_sandbox
 from ..sandbox.pool import SandboxPool
 from ..report.untrusted_text import capped, printable
 
@@ -117,8 +117,7 @@ def _grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     chapter's child is forked fresh)."""
     global _SPARES
     pool = None
-    if any(nb is not None for _, nb in todo) and choose_mode(
-            None if grader.sandbox == "auto" else grader.sandbox)[0] == SandboxMode.BUBBLEWRAP:
+    if any(nb is not None for _, nb in todo) and resolve_sandbox(grader.sandbox).mode == SandboxMode.BUBBLEWRAP:
         zygote = _zygote(grader)
         pool = SandboxPool(grader.limits, zygote=zygote)
         # A spare sandbox started during the previous student: only without root, where every

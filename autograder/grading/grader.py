@@ -224,15 +224,14 @@ class Grader:
                    sandboxes=None) -> SubmissionResult:
         """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once, in this
         student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; made here if None)."""
-        from ..sandbox.modes import SandboxMode, choose_mode
+        from ..sandbox.modes import SandboxMode, resolve_sandbox
         from ..sandbox.pool import SandboxPool
 
         start = time.perf_counter()
         result, todo = self.plan(path, chapters)
         jobs = max(1, jobs or self.jobs)
         own = None
-        if sandboxes is None and choose_mode(None if self.sandbox == "auto" else self.sandbox)[0] \
-                == SandboxMode.BUBBLEWRAP:
+        if sandboxes is None and resolve_sandbox(self.sandbox).mode == SandboxMode.BUBBLEWRAP:
             sandboxes = own = SandboxPool(self.limits, size=jobs)
         submitted = [ch for ch, notebook in todo if notebook is not None]
         deadline = self.student_deadline()

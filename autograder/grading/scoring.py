@@ -1,4 +1,4 @@
-"""Points: each exercise's points split between a CPU test (80%) and a device-portability test
+"""How verdicts become points. Each exercise's points split between a CPU test (80%) and a device-portability test
 (20%); within a test, credit is the fraction of cases passed, and a portability case counts
 only where the same case passes on the CPU. A written answer is one CPU test for all its
 points. A chapter that cannot be graded scores zero with its reason."""

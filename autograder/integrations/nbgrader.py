@@ -106,17 +106,17 @@ class SandboxedGrades(NbGraderPreprocessor):
 
     def _grader_once(self):
         from ..grading.grader import Grader
-        from ..sandbox.modes import SandboxUnavailable, choose_mode
+        from ..sandbox.modes import SandboxUnavailable, resolve_sandbox
 
         if SandboxedGrades._grader is None:
             try:
-                mode, note = choose_mode(None if self.sandbox == "auto" else self.sandbox, self.hide)
+                sandbox = resolve_sandbox(self.sandbox, self.hide)  # decided once, for every notebook
             except SandboxUnavailable as e:
                 raise RuntimeError(f"no grading without the sandbox: {e}") from None
-            if mode != "bubblewrap":
-                self.log.warning(note)
+            if sandbox.mode != "bubblewrap":
+                self.log.warning(sandbox.note)
             from ..cases.inputs import course_seed
-            SandboxedGrades._grader = Grader(device=self.device, sandbox=self.sandbox,
+            SandboxedGrades._grader = Grader(device=self.device, sandbox=sandbox,
                                              seed=course_seed(self.seed))
         return SandboxedGrades._grader
 

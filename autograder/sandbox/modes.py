@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from enum import Enum
 
 from .limits import Limits, NOBODY
@@ -95,6 +96,24 @@ FALLBACK_WARNING = ("the notebook ran as a plain child process with resource lim
                     "timeouts, but without namespaces: it could read the grader's files "
                     "(the solutions too) and reach the network. Grade untrusted submissions on "
                     "Linux with bubblewrap installed.")
+
+
+@dataclass(frozen=True)
+class SandboxChoice:
+    """The sandbox, decided once at an entry point (the command line, nbgrader, Gradescope) and
+    handed down as this object to the grader, the batch workers and every session: nothing
+    below the entry point probes or reads $AUTOGRADER_SANDBOX again."""
+
+    mode: SandboxMode
+    note: str = ""  # the sentence for the report when it is not bubblewrap
+
+
+def resolve_sandbox(requested: "str | SandboxChoice | None" = None, hide=()) -> SandboxChoice:
+    """`requested` as a SandboxChoice: one already made is kept; else `choose_mode` decides
+    ("auto" or None: $AUTOGRADER_SANDBOX, else the best that works here)."""
+    if isinstance(requested, SandboxChoice):
+        return requested
+    return SandboxChoice(*choose_mode(None if requested == "auto" else requested, hide))
 
 
 def choose_mode(requested: str | None = None, hide=()) -> tuple[SandboxMode, str]:

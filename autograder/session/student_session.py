@@ -39,7 +39,7 @@ from .trust import expected_error_credible, plain_error, traceback_in_source, va
 from ..sandbox.processes import Child
 from ..sandbox.limits import Limits
 from ..sandbox.warm import SandboxDied
-from ..sandbox.modes import SandboxMode, choose_mode
+from ..sandbox.modes import SandboxMode, resolve_sandbox
 from ..sandbox.pool import SandboxPool
 from ..sandbox.policy import hidden_paths
 
@@ -66,8 +66,9 @@ class StudentSession:
     Args:
         cells: the notebook's code cells, in order (see `autograder.source.notebook.notebook_cells`).
         limits: time, memory and size limits; default `Limits.from_env()`.
-        sandbox: "auto", "bubblewrap" or "none" (default "auto"; $AUTOGRADER_SANDBOX overrides
-            "auto"). Forcing "bubblewrap" where it cannot work raises RuntimeError.
+        sandbox: a `SandboxChoice` made at the entry point, or "auto", "bubblewrap", "container"
+            or "none" to decide here (`resolve_sandbox`; forcing a mode that cannot work here
+            raises SandboxUnavailable).
         hide: more paths the student's code must not see (results files, hidden test data).
         sandboxes: the student's `SandboxPool` (bubblewrap mode), shared by that student's
             chapters only; by default the session starts its own. Its children are forked from
@@ -82,8 +83,8 @@ class StudentSession:
         # memory cases: every child's RLIMIT_DATA is limits.memory_case above its start
         self._headroom = self.limits.memory_case if memory_capped else 0
         self.deadline = deadline  # time.monotonic() at which the student's budget runs out
-        requested = None if sandbox == "auto" else sandbox
-        self.mode, self.note = choose_mode(requested)
+        choice = resolve_sandbox(sandbox)
+        self.mode, self.note = choice.mode, choice.note
         self._hidden = hidden_paths(hide)
         self._pool, self._own_pool, self._box = None, False, None
         if self.mode == SandboxMode.BUBBLEWRAP:
