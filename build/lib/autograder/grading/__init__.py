@@ -1,1 +1,0 @@
-"""Grading a submission: the grader, comparing outcomes, results."""

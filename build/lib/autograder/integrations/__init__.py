@@ -1,1 +1,0 @@
-"""Integrations with nbgrader and Gradescope."""

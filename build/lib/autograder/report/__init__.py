@@ -1,1 +1,0 @@
-"""Reports of a SubmissionResult: text for the terminal, Gradescope JSON, an HTML feedback page."""

@@ -1,1 +1,0 @@
-"""A submission's source, read without running it: notebook cells and static checks."""
