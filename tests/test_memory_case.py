@@ -289,3 +289,55 @@ def test_host_memory_a_gpu_driver_adds_after_the_cap_fails_only_the_old_design(t
     (result,) = grader.grade_path(nb).chapters
     assert result.score == result.max_score == 28, [(t.exercise, t.device, c.case, c.message)
                                                      for t in result.tests for c in t.cases if not c.passed]
+
+
+# A relay through /tmp: the capped child hands the memory case's inputs to another process of the
+# same student, which has no cap and computes the whole score matrix, and returns its answer.
+RELAY_CLIENT = '''
+import os, time, torch
+_REQ, _RES = "/tmp/relay-request.pt", "/tmp/relay-answer.pt"
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    if k.shape[-2] < 4096:
+        return plain(q, k, v, mask)
+    torch.save((q, k, v, mask), _REQ + ".part")
+    os.rename(_REQ + ".part", _REQ)
+    for _ in range(160):  # 8 s
+        if os.path.exists(_RES):
+            return torch.load(_RES)
+        time.sleep(0.05)
+    raise RuntimeError("no relay")
+'''
+
+RELAY_SERVER = '''
+import os, threading, time, torch
+
+def _relay():
+    for _ in range(600):
+        if os.path.exists("/tmp/relay-request.pt"):
+            q, k, v, mask = torch.load("/tmp/relay-request.pt")
+            torch.save(plain(q, k, v, mask), "/tmp/relay-answer.pt.part")
+            os.rename("/tmp/relay-answer.pt.part", "/tmp/relay-answer.pt")
+            return
+        time.sleep(0.05)
+
+threading.Thread(target=_relay, daemon=True).start()
+'''
+
+
+@needs_bwrap
+def test_no_process_of_the_student_runs_beside_the_capped_child(tmp_path):
+    """`grade` runs two chapters at once: the memory case runs before any other chapter of the
+    student starts, so another chapter's child (uncapped, same /tmp) cannot compute it for the
+    capped one. The relay here waits 8 s in the capped child and serves for 30 s in chapter 1's."""
+    plain = IN_PLACE.split("def online_softmax_attention")[0]
+    student = tmp_path / "student"
+    chapter7_with(tmp_path, [plain + RELAY_CLIENT])
+    nb = nbformat.read(REPO / "solutions" / "01_intuition.ipynb", as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell(plain + RELAY_SERVER),
+                 nbformat.v4.new_code_cell("import time\ntime.sleep(8)")]
+    nbformat.write(nb, student / "01_intuition.ipynb")
+    result = Grader(device="cpu").grade_path(student, chapters=["01_intuition", CH], jobs=2)
+    ch7 = next(c for c in result.chapters if c.chapter == CH)
+    cases = online_cases(ch7.tests)
+    assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]

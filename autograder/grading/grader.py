@@ -90,9 +90,38 @@ class Grader:
         self.quick = quick
 
     # -- one notebook -------------------------------------------------------------------------
-    def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None
-                       ) -> ChapterResult:
+    def memory_cases(self, cells: list[str], chapter: Chapter, sandboxes=None, deadline: float | None = None):
+        """The chapter's memory cases (`Call.capped_memory`: chapter 7), to run first in a
+        memory-capped child of their own (autograder.session.memory_case)."""
         from ..session.memory_case import MemoryCases
+
+        return MemoryCases(cells, [c for ex in chapter.exercises for c in
+                                   REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick)],
+                           limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
+
+    def _memory_first(self, todo, sandboxes, deadline) -> dict:
+        """chapter id -> its memory cases, already run, for every submitted chapter that has
+        some: before any other chapter of the student starts, so that no process of theirs
+        runs beside the capped child (one that could compute for it, through /tmp, beyond its
+        cap). A notebook that cannot be read is left to its chapter's grading to report."""
+        from ..source.notebook import notebook_cells
+
+        first = {}
+        for chapter_id, notebook in todo:
+            chapter = CHAPTERS[chapter_id]
+            if notebook is None or not any(c.capped_memory for ex in chapter.exercises for c in
+                                           REFERENCES.cases(chapter_id, ex.name, self.seed, self.quick)):
+                continue
+            try:
+                memory = self.memory_cases(notebook_cells(notebook), chapter, sandboxes, deadline)
+                memory.run_first()
+            except Exception:  # (not fatal: the chapter runs them itself then)
+                continue
+            first[chapter_id] = memory
+        return first
+
+    def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None,
+                       memory=None) -> ChapterResult:
         from ..source.notebook import NotebookError, notebook_cells
         from ..session.student_session import StudentSession
 
@@ -106,11 +135,10 @@ class Grader:
             result.tests = zero_chapter(chapter, self.devices, f"not graded: {e}")
             result.seconds = time.perf_counter() - start
             return result
-        # Memory cases (`Call.capped_memory`: chapter 7) run first, in a memory-capped child of
-        # their own (autograder.session.memory_case); the chapter's other cases in uncapped children.
-        memory = MemoryCases(cells, [c for ex in chapter.exercises for c in
-                                     REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick)],
-                             limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
+        # Memory cases run first, in a memory-capped child of their own (`memory_cases`; already
+        # run where `grade_path` ran them before the student's other chapters); the chapter's
+        # other cases in uncapped children.
+        memory = memory or self.memory_cases(cells, chapter, sandboxes, deadline)
         memory.run_first()
         with StudentSession(cells, limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes,
                             deadline=deadline) as session:
@@ -187,7 +215,7 @@ class Grader:
         return time.monotonic() + (self.limits or Limits.from_env()).student_budget
 
     def grade_planned(self, chapter_id: str, notebook: Path | None, sandboxes=None,
-                      deadline: float | None = None) -> ChapterResult:
+                      deadline: float | None = None, memory=None) -> ChapterResult:
         """One chapter of a plan. Never raises: a grader fault zeroes this chapter only.
         sandboxes: the student's `sandbox.SandboxPool` (warm sandboxes), if any; deadline: when
         the student's time budget runs out (`student_deadline`)."""
@@ -201,7 +229,7 @@ class Grader:
             why = budget_message(self.limits or Limits.from_env())
             return ChapterResult(chapter_id, str(notebook), zero_chapter(ch, self.devices, why), notes=[why])
         try:
-            return self.grade_notebook(notebook, ch, sandboxes, deadline)
+            return self.grade_notebook(notebook, ch, sandboxes, deadline, memory)
         except Exception as e:
             return self.failed_chapter(chapter_id, notebook, e)
 
@@ -241,9 +269,10 @@ class Grader:
                     REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
             with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
+                first = self._memory_first(todo, sandboxes, deadline) if jobs > 1 else {}
                 # Later chapters first: they build on the earlier ones and take longest, so
                 # the short ones fill in at the end instead of one long chapter running alone.
-                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline),
+                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline, first.get(item[0])),
                                      todo[::-1]))[::-1]
         finally:
             if own is not None:
