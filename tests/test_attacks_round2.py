@@ -169,8 +169,9 @@ def test_a_zip_of_big_zips_is_streamed_and_capped_per_student(tmp_path, monkeypa
     import tracemalloc
 
     from autograder.lms import submissions as lms_import
+    from autograder.lms import uploads
 
-    monkeypatch.setattr(lms_import, "MAX_STUDENT_ZIP_BYTES", 20 << 20)
+    monkeypatch.setattr(uploads, "MAX_STUDENT_ZIP_BYTES", 20 << 20)
     inner = tmp_path / "inner.zip"
     with zipfile.ZipFile(inner, "w", zipfile.ZIP_STORED) as z:
         z.writestr("padding.bin", bytes(8 << 20))
@@ -369,16 +370,16 @@ def test_the_container_mode_leaves_nothing_for_the_next_student(monkeypatch):
     """Before: a student's world-readable files in /tmp and /dev/shm stayed (48 MiB after a
     batch) and a later student, another uid, read and ran them; keys stayed in the uid's keyring."""
     from autograder.session import student_session as session_module
-    from autograder.sandbox.modes import SandboxMode
+    from autograder.sandbox.modes import SandboxChoice, SandboxMode
 
-    monkeypatch.setattr(session_module, "choose_mode", lambda requested=None: (SandboxMode.CONTAINER, ""))
-    with session_module.StudentSession([LEAVE], sandbox="container") as one:
+    container = SandboxChoice(SandboxMode.CONTAINER)  # (as the entry point would hand it down)
+    with session_module.StudentSession([LEAVE], sandbox=container) as one:
         out = one.start()["output"]
     uid_one = int(out.split("KEY")[1].split()[1])
     assert int(out.split("KEY")[1].split()[0]) > 0, out  # the key was added
     for d in ("/tmp", "/dev/shm"):
         assert not os.path.exists(os.path.join(d, "left-by-student-one.py"))
-    with session_module.StudentSession([FIND], sandbox="container") as two:
+    with session_module.StudentSession([FIND], sandbox=container) as two:
         out = two.start()["output"]
     assert "FOUND ['FileNotFoundError', 'FileNotFoundError'] -1" in out, out
     assert int(out.split()[-1]) != uid_one

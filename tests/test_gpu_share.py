@@ -28,7 +28,7 @@ from autograder.batch import grade_class as batch
 from autograder.runtime import procs
 from autograder.grading.grader import Grader
 from autograder.grading.results import CaseResult, ChapterResult, TestResult
-from autograder.sandbox.modes import SandboxMode
+from autograder.sandbox.modes import SandboxChoice, SandboxMode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
                                 reason="needs root (students' processes under uids of their own)")
@@ -146,7 +146,7 @@ def make_class(root: Path, names: list[str]) -> Path:
 
 def run_batch(tmp_path, monkeypatch, reg, names, leftovers, warmed=None) -> dict:
     monkeypatch.setattr(batch, "SandboxPool", FakePool)
-    monkeypatch.setattr(batch, "choose_mode", lambda requested=None: (SandboxMode.BUBBLEWRAP, ""))
+    monkeypatch.setattr(batch, "resolve_sandbox", lambda requested=None, hide=(): SandboxChoice(SandboxMode.BUBBLEWRAP))
     monkeypatch.setattr(batch, "_zygote", lambda grader: None)
     monkeypatch.setattr(Grader, "grade_planned", simulated_chapter(reg, leftovers))
     monkeypatch.setattr(Grader, "plan", lambda self, folder, chapters=None: (

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..shared.contract import CHAPTER_IDS, CHAPTERS, chapter_for_filename
-from .uploads import MAX_STUDENT_ZIP_BYTES, MAX_ZIP_DEPTH, Node, folder_tree, is_junk, open_zip, spool, visible, zip_tree, to_utf8
+from . import uploads  # (uploads.MAX_STUDENT_ZIP_BYTES read when used: a test lowers it)
+from .uploads import MAX_ZIP_DEPTH, Node, folder_tree, is_junk, open_zip, spool, visible, zip_tree, to_utf8
 from .layouts import LMS_NAMES, Unplaced, StudentFiles
 
 
@@ -162,7 +163,7 @@ class Placer:
                 return skip(f"a zip inside {MAX_ZIP_DEPTH} zips: not unpacked")
             try:
                 used = self.unpacked.get(student.folder, 0)
-                data, size = spool(node, self.stack, MAX_STUDENT_ZIP_BYTES - used)
+                data, size = spool(node, self.stack, uploads.MAX_STUDENT_ZIP_BYTES - used)
                 self.unpacked[student.folder] = used + size
                 zf = open_zip(data, self.stack)
                 tree = zip_tree(zf, node.name, node.origin)
