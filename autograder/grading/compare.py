@@ -159,41 +159,63 @@ def _values(i, n, a: torch.Tensor, e: torch.Tensor, dtype: str, what: str, notes
 def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None = None) -> Mismatch | None:
     """The first way in which `student` differs from `expected` for this call, or None.
     A pass that needed the float32-rounding allowance appends FLOAT32_NOTE to `notes`."""
-    err = student.error
-    kind = ErrorKind.of(err)
-    not_implemented = Mismatch("error", f"{NOT_IMPLEMENTED}: `{call.target}` still raises NotImplementedError.",
-                               not_implemented=True)
     if call.expect_error:
-        if err and call.expect_error in err.get("mro", [err.get("type")]):
-            if not err.get("where"):  # the student's own code must have raised it
-                return Mismatch("expected-error", f"this call must raise {call.expect_error} with a `raise` "
-                                "statement of your own code, but no such statement of the notebook raised it.")
-            return None
-        if kind:
-            return Mismatch(kind.aspect, err["message"])
-        if err and err["type"] == "NotImplementedError":
-            return not_implemented  # a stub: the hint about the required error would mislead
-        got = f"it raised {err['type']}: {err['message']}" if err else "it returned normally"
-        return Mismatch("expected-error", f"this call must raise {call.expect_error}, but {got}.")
-    if err and err["type"] == "NotImplementedError":
-        return not_implemented
-    if err:
-        aspect = kind.aspect if kind else "error"
-        where = f"\n{err['where']}" if err.get("where") else ""
-        return Mismatch(aspect, f"{err['type']}: {err['message']}{where}")
-    if expected.error:  # the reference itself failed: a grader bug, never the student's fault
-        return Mismatch("grader", f"the reference failed on this case ({expected.error['type']}); "
-                        "please report this to your instructor.")
-
+        return _expected_error(call, student.error)
+    m = _error_mismatch(call, student.error, expected)
+    if m:
+        return m
     if expected.params is not None:
         m = _compare_params(student, expected)
         if m:
             return m
     if student.returned != expected.returned:
         return Mismatch("returned", f"returned {student.returned or 'nothing'}, expected {expected.returned}.")
-    m = structure(student, expected, call)
-    if m:
-        return m
+    return (structure(student, expected, call)
+            or _meta_mismatch(call, student, expected)
+            or _outputs_mismatch(call, student, expected, notes)
+            or _grads_mismatch(call, student, expected, notes)
+            or _inplace_mismatch(student))
+
+
+def _not_implemented(call: Call) -> Mismatch:
+    return Mismatch("error", f"{NOT_IMPLEMENTED}: `{call.target}` still raises NotImplementedError.",
+                    not_implemented=True)
+
+
+def _expected_error(call: Call, err: dict | None) -> Mismatch | None:
+    """The verdict on a call that must raise `call.expect_error`: None when the student's own
+    code raised it, else why not."""
+    kind = ErrorKind.of(err)
+    if err and call.expect_error in err.get("mro", [err.get("type")]):
+        if not err.get("where"):  # the student's own code must have raised it
+            return Mismatch("expected-error", f"this call must raise {call.expect_error} with a `raise` "
+                            "statement of your own code, but no such statement of the notebook raised it.")
+        return None
+    if kind:
+        return Mismatch(kind.aspect, err["message"])
+    if err and err["type"] == "NotImplementedError":
+        return _not_implemented(call)  # a stub: the hint about the required error would mislead
+    got = f"it raised {err['type']}: {err['message']}" if err else "it returned normally"
+    return Mismatch("expected-error", f"this call must raise {call.expect_error}, but {got}.")
+
+
+def _error_mismatch(call: Call, err: dict | None, expected: Outcome) -> Mismatch | None:
+    """An error of the student's call (a stub, a crash, a limit), or of the reference's."""
+    if err and err["type"] == "NotImplementedError":
+        return _not_implemented(call)
+    if err:
+        kind = ErrorKind.of(err)
+        aspect = kind.aspect if kind else "error"
+        where = f"\n{err['where']}" if err.get("where") else ""
+        return Mismatch(aspect, f"{err['type']}: {err['message']}{where}")
+    if expected.error:  # the reference itself failed: a grader bug, never the student's fault
+        return Mismatch("grader", f"the reference failed on this case ({expected.error['type']}); "
+                        "please report this to your instructor.")
+    return None
+
+
+def _meta_mismatch(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
+    """The first output whose shape, dtype or device differs from the reference's."""
     n = len(expected.meta)
     for i, (sm, em) in enumerate(zip(student.meta, expected.meta)):
         name = _output_name(i, n, call)
@@ -209,6 +231,12 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
         if sm["device"] != em["device"]:
             return Mismatch("device", f"{name} is on device '{sm['device']}', expected '{em['device']}' "
                             "(the device of the inputs).", output=i)
+    return None
+
+
+def _outputs_mismatch(call: Call, student: Outcome, expected: Outcome, notes: list | None) -> Mismatch | None:
+    """The first output with NaN/inf where the reference is finite, or with values off."""
+    n = len(expected.meta)
     for i, (s, e) in enumerate(zip(student.outputs, expected.outputs)):
         if s is None or e is None:
             continue
@@ -223,6 +251,12 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
         m = _values(i, n, s, e, call.dtype, "value", notes, _at_float32(expected, "outputs", i), call)
         if m:
             return m
+    return None
+
+
+def _grads_mismatch(call: Call, student: Outcome, expected: Outcome, notes: list | None) -> Mismatch | None:
+    """The first gradient missing, of the wrong shape, or with values off."""
+    n = len(expected.meta)
     for name, e in expected.grads.items():
         s = student.grads.get(name)
         if e is None:
@@ -238,6 +272,10 @@ def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None 
                     _at_float32(expected, "grads", name))
         if m:
             return m
+    return None
+
+
+def _inplace_mismatch(student: Outcome) -> Mismatch | None:
     if student.inputs_modified:
         names = ", ".join(_grad_label(x) for x in student.inputs_modified)
         return Mismatch("inplace", f"the call modified its input in place ({names}); work on a copy "

@@ -118,29 +118,15 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                     test.cases += same_path(cases, groups, index, skipped, c.case, cpu_passed)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
-            expected = REFERENCES.expected(c, key)
             student = run(c)
-            verdict = judge(ex, c, student, expected)
-            if c.device == FAKE_CUDA and verdict.mismatch and unchecked(student):
-                verdict = Verdict(None, verdict.forbidden, UNCHECKED_NOTE + f" ({student.error['message'][:160]})")
-            if verdict.mismatch and verdict.mismatch.aspect in ("values", "grads") and c.dtype == "float64":
-                # the float32 policy: judged again against the reference's own float32 run
-                if (low := REFERENCES.with_float32(c, key, expected)) is not expected:
-                    expected, verdict = low, judge(ex, c, student, low)
+            verdict, expected = _judge_case(ex, c, key, student)
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch
             if m is None and device == "cpu":
                 m = _static_inplace(static, notebook, c)
-            result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note, used=student.called)
-            if m:  # (capped: a message can list what the student's code holds, e.g. its names)
-                result.aspect, result.message, result.hint = m.aspect, capped(m.message), capped(m.hint)
-                result.not_implemented = m.not_implemented
-                result.figure = _figure(c, student, expected, m)
-                if m.aspect in STOPPING_ASPECTS:
-                    stop = m
-            if student.device_note and not result.note:
-                result.note = (f"run on the meta device: fake CUDA tensors have no values "
-                               f"({student.device_note})")
+            result = _case_result(c, device, student, expected, verdict, m)
+            if m and m.aspect in STOPPING_ASPECTS:
+                stop = m
             twins = same_path(cases, groups, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []
             credit_cpu_only(device, result, cpu_passed.get(index, True))
             if device == "cpu":
@@ -153,9 +139,42 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
         test.score = round(test.max_score * test.passed / total, 4) if total else 0.0
         tests.append(test)
     if forbidden_seen:
-        note = forbidden_message(ex, forbidden_seen)
-        if static and static.forbidden:
-            note += " Found in the notebook: " + "; ".join(f.describe() for f in static.forbidden[:3]) + "."
-        for t in tests:
-            t.score, t.note = 0.0, note
+        _zero_for_forbidden(ex, tests, forbidden_seen, static)
     return tests
+
+
+def _judge_case(ex: Exercise, c: Call, key, student: Outcome) -> tuple[Verdict, Outcome]:
+    """The verdict on one case and the reference it was judged against: a fake-CUDA failure the
+    meta device cannot check is waved through with a note, and a float64 value/gradient mismatch
+    is judged again against the reference's own float32 run (the float32 policy)."""
+    expected = REFERENCES.expected(c, key)
+    verdict = judge(ex, c, student, expected)
+    if c.device == FAKE_CUDA and verdict.mismatch and unchecked(student):
+        verdict = Verdict(None, verdict.forbidden, UNCHECKED_NOTE + f" ({student.error['message'][:160]})")
+    if verdict.mismatch and verdict.mismatch.aspect in ("values", "grads") and c.dtype == "float64":
+        if (low := REFERENCES.with_float32(c, key, expected)) is not expected:
+            expected, verdict = low, judge(ex, c, student, low)
+    return verdict, expected
+
+
+def _case_result(c: Call, device: str, student: Outcome, expected: Outcome, verdict: Verdict,
+                 m: Mismatch | None) -> CaseResult:
+    """One case's result as reported: passed, or the mismatch's message, hint and figure."""
+    result = CaseResult(c.case, device, c.dtype, m is None, note=verdict.note, used=student.called)
+    if m:  # (capped: a message can list what the student's code holds, e.g. its names)
+        result.aspect, result.message, result.hint = m.aspect, capped(m.message), capped(m.hint)
+        result.not_implemented = m.not_implemented
+        result.figure = _figure(c, student, expected, m)
+    if student.device_note and not result.note:
+        result.note = (f"run on the meta device: fake CUDA tensors have no values "
+                       f"({student.device_note})")
+    return result
+
+
+def _zero_for_forbidden(ex: Exercise, tests: list[TestResult], forbidden_seen: set, static) -> None:
+    """A forbidden built-in used anywhere in the exercise: every test of it scores 0, saying why."""
+    note = forbidden_message(ex, forbidden_seen)
+    if static and static.forbidden:
+        note += " Found in the notebook: " + "; ".join(f.describe() for f in static.forbidden[:3]) + "."
+    for t in tests:
+        t.score, t.note = 0.0, note

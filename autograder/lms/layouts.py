@@ -182,73 +182,86 @@ def _mini_yaml(text: str):
         if not stripped or stripped.startswith("#") or stripped in ("---", "..."):
             continue
         lines.append([len(raw) - len(raw.lstrip(" ")), raw.strip()])
-    pos = 0
+    return _MiniYamlReader(lines).block()(lines[0][0]) if lines else None
 
-    def scalar(v: str):
-        v = v.strip()
-        if v in ("", "~", "null"):
-            return None
-        if v == "[]":
-            return []
-        if v == "{}":
-            return {}
-        if len(v) >= 2 and v[0] == v[-1] == "'":
-            return v[1:-1].replace("''", "'")
-        if len(v) >= 2 and v[0] == v[-1] == '"':
-            try:
-                return json.loads(v)
-            except ValueError:
-                return v[1:-1]
-        return v
 
-    def continued(indent: int, first: str):
+def _yaml_scalar(v: str):
+    v = v.strip()
+    if v in ("", "~", "null"):
+        return None
+    if v == "[]":
+        return []
+    if v == "{}":
+        return {}
+    if len(v) >= 2 and v[0] == v[-1] == "'":
+        return v[1:-1].replace("''", "'")
+    if len(v) >= 2 and v[0] == v[-1] == '"':
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v[1:-1]
+    return v
+
+
+def _is_item(line: list) -> bool:
+    """Whether a line is a sequence item ("- ..." or a lone "-")."""
+    return line[1][:1] == "-" and line[1][1:2] in ("", " ")
+
+
+class _MiniYamlReader:
+    """`_mini_yaml`'s reader: `lines` ([indent, text], blank lines and comments left out), read
+    from `pos` on."""
+
+    def __init__(self, lines: list):
+        self.lines, self.pos = lines, 0
+
+    def continued(self, indent: int, first: str):
         """The scalar `first` of a line at `indent`, with the deeper lines that continue it."""
-        nonlocal pos
-        parts = []
-        while pos < len(lines) and lines[pos][0] > indent:
-            parts.append(lines[pos][1])
-            pos += 1
+        lines, parts = self.lines, []
+        while self.pos < len(lines) and lines[self.pos][0] > indent:
+            parts.append(lines[self.pos][1])
+            self.pos += 1
         if first in ("|", ">", "|-", ">-", "|+", ">+"):
             return ("\n" if first[0] == "|" else " ").join(parts)
-        return scalar(" ".join([first] + parts))
+        return _yaml_scalar(" ".join([first] + parts))
 
-    def block(indent: int):
-        nonlocal pos
-        if pos >= len(lines):
-            return None
-        if lines[pos][1].startswith("-") and lines[pos][1][1:2] in ("", " "):
-            items = []
-            while pos < len(lines) and lines[pos][0] == indent and lines[pos][1][:1] == "-" \
-                    and lines[pos][1][1:2] in ("", " "):
-                rest = lines[pos][1][1:].lstrip()
-                if not rest:
-                    pos += 1
-                    items.append(block(lines[pos][0]) if pos < len(lines) and lines[pos][0] > indent else None)
-                elif _KEY.match(rest):  # "- key: value": a mapping whose first line this is
-                    lines[pos] = [indent + len(lines[pos][1]) - len(rest), rest]
-                    items.append(block(lines[pos][0]))
-                else:
-                    pos += 1
-                    items.append(continued(indent, rest))
-            return items
-        mapping = {}
-        while pos < len(lines) and lines[pos][0] == indent and not (
-                lines[pos][1][:1] == "-" and lines[pos][1][1:2] in ("", " ")):
-            m = _KEY.match(lines[pos][1])
+    def block(self):
+        """The method that reads the block at `pos`, a sequence or a mapping (there is a line at
+        `pos`). Returned, not called, so that a level of nesting costs one frame of recursion."""
+        return self.sequence if _is_item(self.lines[self.pos]) else self.mapping
+
+    def sequence(self, indent: int) -> list:
+        lines, items = self.lines, []
+        while self.pos < len(lines) and lines[self.pos][0] == indent and _is_item(lines[self.pos]):
+            rest = lines[self.pos][1][1:].lstrip()
+            if not rest:
+                self.pos += 1
+                deeper = self.pos < len(lines) and lines[self.pos][0] > indent
+                items.append(self.block()(lines[self.pos][0]) if deeper else None)
+            elif _KEY.match(rest):  # "- key: value": a mapping whose first line this is
+                lines[self.pos] = [indent + len(lines[self.pos][1]) - len(rest), rest]
+                items.append(self.block()(lines[self.pos][0]))
+            else:
+                self.pos += 1
+                items.append(self.continued(indent, rest))
+        return items
+
+    def mapping(self, indent: int) -> dict:
+        lines, mapping = self.lines, {}
+        while self.pos < len(lines) and lines[self.pos][0] == indent and not _is_item(lines[self.pos]):
+            m = _KEY.match(lines[self.pos][1])
             if not m:
-                raise ValueError(f"cannot read line {lines[pos][1]!r}")
-            key, value = str(scalar(m["key"])), (m["value"] or "").strip()
-            pos += 1
+                raise ValueError(f"cannot read line {lines[self.pos][1]!r}")
+            key, value = str(_yaml_scalar(m["key"])), (m["value"] or "").strip()
+            self.pos += 1
             if value:
-                mapping[key] = continued(indent, value)
-            elif pos < len(lines) and (lines[pos][0] > indent or (
-                    lines[pos][0] == indent and lines[pos][1][:1] == "-")):
-                mapping[key] = block(lines[pos][0])
+                mapping[key] = self.continued(indent, value)
+            elif self.pos < len(lines) and (lines[self.pos][0] > indent or (
+                    lines[self.pos][0] == indent and lines[self.pos][1][:1] == "-")):
+                mapping[key] = self.block()(lines[self.pos][0])
             else:
                 mapping[key] = None
         return mapping
-
-    return block(lines[0][0]) if lines else None
 
 
 _KEY = re.compile(r"""^(?P<key>"[^"]*"|'[^']*'|\S.*?):(?:\s+(?P<value>.*))?$""")

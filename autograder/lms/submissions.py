@@ -129,29 +129,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
     if not source.exists():
         raise LmsImportError(f"{source}: no such file or folder")
     with ExitStack() as stack:
-        if source.is_dir():
-            if dest.resolve() == source.resolve():
-                raise LmsImportError("DEST must not be the export's own folder")
-            root = folder_tree(source, "", dest.resolve())
-        else:
-            try:
-                root = zip_tree(open_zip(source, stack), source.name, "")
-            except (zipfile.BadZipFile, OSError) as e:
-                raise LmsImportError(f"{source}: not a readable zip ({e})") from None
-        top = visible(root.children)
-        # A folder (or zip) around the export: Gradescope's `assignment_<id>_export/`, a folder
-        # the zip was unpacked into.
-        while len(top) == 1 and not is_student_entry(top[0]) and (
-                top[0].is_dir or top[0].name.lower().endswith(".zip")):
-            node = top[0]
-            if not node.is_dir:
-                try:
-                    node = zip_tree(open_zip(node.read(), stack), node.name, node.origin)
-                except Exception as e:
-                    raise LmsImportError(f"{node.origin}: not a readable zip ({e})") from None
-            top = visible(node.children)
-        if not top:
-            raise LmsImportError(f"{source}: empty, no submissions in it")
+        top = _export_top(source, dest, stack)
         found = detect(top) if lms == "auto" else lms
         if found is None:
             raise LmsImportError(f"{source}: not recognised as a Canvas, Moodle or Gradescope export "
@@ -165,13 +143,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
             collect_gradescope(top, col)
         report = ImportReport(found, source, dest, unplaced=col.unplaced)
         _name_folders(col.students.values())
-        importer = Placer(found, stack)
-        plan: list[tuple[StudentFiles, dict, list]] = []
-        for st in sorted(col.students.values(), key=lambda s: s.folder):
-            si = report.students[st.folder] = StudentImport(st.folder, st.key, st.name, st.id_kind,
-                                                            st.email, notes=list(st.notes))
-            plan.append((st, choose(importer, st, si, report.unplaced, found), si))
-
+        plan = _plan(col, report, Placer(found, stack), found)
         existing = report.existing = [st.folder for st, _, _ in plan if (dest / st.folder).exists()]
         if existing and not force and not dry_run:
             raise DestinationExists(f"{dest} already has folders of {len(existing)} student{_s(existing)} of "
@@ -183,22 +155,68 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
             writes += read_chosen(chosen, si, dest / st.folder, report.unplaced)
         if dry_run:
             return report
-        dest.mkdir(parents=True, exist_ok=True)
-        for si in report.students.values():
-            folder = dest / si.folder
-            if folder.is_dir() and not folder.is_symlink():
-                shutil.rmtree(folder)
-            elif folder.exists() or folder.is_symlink():
-                folder.unlink()
-            folder.mkdir()
-        for placed, data, mtime in writes:
-            placed.path.write_bytes(data)
-            if mtime is not None:
-                os.utime(placed.path, (mtime, mtime))
-        _write_students_csv(report)
-        report.written = True
-        (dest / REPORT_FILE).write_text(report.summary() + "\n", encoding="utf-8")
+        _write(dest, report, writes)
         return report
+
+
+def _export_top(source: Path, dest: Path, stack: ExitStack) -> list:
+    """The export's top-level entries (hidden ones left out), inside any folder or zip around
+    them; its zips stay open until `stack` closes."""
+    if source.is_dir():
+        if dest.resolve() == source.resolve():
+            raise LmsImportError("DEST must not be the export's own folder")
+        root = folder_tree(source, "", dest.resolve())
+    else:
+        try:
+            root = zip_tree(open_zip(source, stack), source.name, "")
+        except (zipfile.BadZipFile, OSError) as e:
+            raise LmsImportError(f"{source}: not a readable zip ({e})") from None
+    top = visible(root.children)
+    # A folder (or zip) around the export: Gradescope's `assignment_<id>_export/`, a folder
+    # the zip was unpacked into.
+    while len(top) == 1 and not is_student_entry(top[0]) and (
+            top[0].is_dir or top[0].name.lower().endswith(".zip")):
+        node = top[0]
+        if not node.is_dir:
+            try:
+                node = zip_tree(open_zip(node.read(), stack), node.name, node.origin)
+            except Exception as e:
+                raise LmsImportError(f"{node.origin}: not a readable zip ({e})") from None
+        top = visible(node.children)
+    if not top:
+        raise LmsImportError(f"{source}: empty, no submissions in it")
+    return top
+
+
+def _plan(col: Collector, report: ImportReport, importer: Placer, found: str) -> list[tuple[StudentFiles, dict, list]]:
+    """Per student, in folder order: the files chosen for each chapter, and the student's
+    entry of the report (added to `report.students`)."""
+    plan: list[tuple[StudentFiles, dict, list]] = []
+    for st in sorted(col.students.values(), key=lambda s: s.folder):
+        si = report.students[st.folder] = StudentImport(st.folder, st.key, st.name, st.id_kind,
+                                                        st.email, notes=list(st.notes))
+        plan.append((st, choose(importer, st, si, report.unplaced, found), si))
+    return plan
+
+
+def _write(dest: Path, report: ImportReport, writes: list) -> None:
+    """Every student's folder made afresh (a file or link in its place removed), their notebooks
+    written with their file times, then students.csv and the report."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for si in report.students.values():
+        folder = dest / si.folder
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+        elif folder.exists() or folder.is_symlink():
+            folder.unlink()
+        folder.mkdir()
+    for placed, data, mtime in writes:
+        placed.path.write_bytes(data)
+        if mtime is not None:
+            os.utime(placed.path, (mtime, mtime))
+    _write_students_csv(report)
+    report.written = True
+    (dest / REPORT_FILE).write_text(report.summary() + "\n", encoding="utf-8")
 
 
 def _name_folders(students) -> None:

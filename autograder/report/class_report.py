@@ -133,7 +133,20 @@ def statistics_of(students: dict) -> dict:
     by_id = {gradebook.cell(names[s][1]): s for s in students}  # (the CSV's own cell)
     total_max = sum(float(possible[col[c]]) for c in header if c in CHAPTERS)
     totals = [_float(r[col["Total"]]) for r in body if r[col["Status"]] == "ok" and r[col["Total"]] != ""]
+    per_case, top = _case_and_hint_statistics(results)
+    return {"header": header, "possible": possible, "rows": body, "by_id": by_id, "col": col,
+            "totals": totals, "total_max": total_max, "exercises": _exercise_statistics(header, possible, body, col),
+            "cases": per_case,
+            "hints": [{"chapter": c, "exercise": e, "hint": h, "students": [names[s][0] for s in v["students"]],
+                       "count": len(v["students"]), "cases": v["cases"]} for (c, e, h), v in top],
+            "flags": _flags(students, results, imports, body, col, by_id),
+            "similar": _similar(students, body, col, by_id),
+            "meta": any(t.device in DEVICE_CHECKS for r in results.values() for ch in r.chapters
+                        for t in ch.tests)}
 
+
+def _exercise_statistics(header: list, possible: list, body: list, col: dict) -> list[dict]:
+    """Per exercise column of the gradebook: its mean, how many students scored full marks."""
     exercises = []
     for c in (h for h in header if ": " in h):
         chapter, exercise = c.split(": ", 1)
@@ -143,7 +156,12 @@ def statistics_of(students: dict) -> dict:
                           "mean": statistics.fmean(values) if values else None,
                           "full": sum(v >= most - 1e-9 for v in values),
                           "pass_rate": sum(v >= most - 1e-9 for v in values) / len(values) if values else None})
+    return exercises
 
+
+def _case_and_hint_statistics(results: dict) -> tuple[dict, list]:
+    """(chapter, exercise) -> its cases' pass rates, hardest first; and the TOP_HINTS hints
+    given to the most students, as ((chapter, exercise, hint), {"students", "cases"})."""
     cases: dict = defaultdict(lambda: [0, 0, 0])  # (chapter, exercise, device, case) -> [passed, run, order]
     hints: dict = defaultdict(lambda: {"students": [], "cases": 0})
     for s, r in sorted(results.items()):
@@ -168,7 +186,12 @@ def statistics_of(students: dict) -> dict:
     for rows in per_case.values():
         rows.sort(key=lambda x: (x["rate"], x["order"]))
     top = sorted(hints.items(), key=lambda kv: (-len(kv[1]["students"]), -kv[1]["cases"], kv[0]))[:TOP_HINTS]
+    return dict(per_case), top
 
+
+def _flags(students: dict, results: dict, imports: dict, body: list, col: dict, by_id: dict) -> list[dict]:
+    """What the instructor should look at, per student in gradebook order: a copy of the
+    solution, grading that could not finish, import notes, flags of the run."""
     flags = []
     for row in body:
         s = by_id.get(row[col["ID"]])
@@ -187,17 +210,16 @@ def statistics_of(students: dict) -> dict:
             flags.append({"student": s, "name": row[0], "what": what, "detail": detail})
         for what, detail in instructor_flags.run_flags(results[s]):
             flags.append({"student": s, "name": row[0], "what": what, "detail": detail})
+    return flags
+
+
+def _similar(students: dict, body: list, col: dict, by_id: dict) -> list[dict]:
+    """The pairs of students whose code is alike (`similarity.pairs`), with their names."""
     row_of = {by_id.get(r[col["ID"]]): r for r in body}
-    similar = [{"names": [row_of[a][0] if a in row_of else a, row_of[b][0] if b in row_of else b],
-                "students": [a, b], "exercises": [[c, round(v, 3)] for c, v in p["exercises"]]}
-               for p in similarity.pairs({s: d.get("code") or {} for s, d in students.items()})
-               for a, b in [p["students"]]]
-    return {"header": header, "possible": possible, "rows": body, "by_id": by_id, "col": col,
-            "totals": totals, "total_max": total_max, "exercises": exercises, "cases": dict(per_case),
-            "hints": [{"chapter": c, "exercise": e, "hint": h, "students": [names[s][0] for s in v["students"]],
-                       "count": len(v["students"]), "cases": v["cases"]} for (c, e, h), v in top],
-            "flags": flags, "similar": similar, "meta": any(t.device in DEVICE_CHECKS for r in results.values() for ch in r.chapters
-                                        for t in ch.tests)}
+    return [{"names": [row_of[a][0] if a in row_of else a, row_of[b][0] if b in row_of else b],
+             "students": [a, b], "exercises": [[c, round(v, 3)] for c, v in p["exercises"]]}
+            for p in similarity.pairs({s: d.get("code") or {} for s, d in students.items()})
+            for a, b in [p["students"]]]
 
 
 # ----------------------------------------------------------------------------- plots
@@ -254,7 +276,18 @@ def _pct(x: float | None) -> str:
 
 
 def render(students: dict, problems: list[str] = ()) -> str:
+    """The class report as one HTML page: summary, score distribution, exercises, hardest cases,
+    hints, flags, similar code and the students' list, from the saved students (`load`)."""
     st = statistics_of(students)
+    parts = _summary_html(students, st, problems)
+    for section in (_distribution_html, _exercises_html, _cases_html, _hints_html, _flags_html, _similar_html,
+                    _students_html):
+        parts += section(st)
+    return printable("\n".join(parts))
+
+
+def _summary_html(students: dict, st: dict, problems) -> list[str]:
+    """The page's head, title and summary line (totals, errors, chapters), with notes."""
     e, col = _e, st["col"]
     classes = sorted({d.get("class") for d in students.values() if d.get("class")})
     title = "Class report" + (f": {', '.join(classes)}" if classes else "")
@@ -274,13 +307,24 @@ def render(students: dict, problems: list[str] = ()) -> str:
     if st["meta"]:
         parts.append(f"<p class='note'>{e(META_NOTE)}</p>")
     parts += [f"<p class='note'>{e(p)}</p>" for p in problems]
+    return parts
 
-    parts.append("<h2>Score distribution</h2>")
+
+def _distribution_html(st: dict) -> list[str]:
+    """The histogram of the totals."""
+    e = _e
+    totals, most = st["totals"], st["total_max"]
+    parts = ["<h2>Score distribution</h2>"]
     if totals:
         parts.append(f"<img id='histogram' alt='Histogram of the totals of {plural(len(totals), 'student')}, "
                      f"out of {e(gradebook._number(most))} points' src='{score_histogram(totals, most)}'>")
+    return parts
 
-    parts.append("<h2>Exercises</h2>")
+
+def _exercises_html(st: dict) -> list[str]:
+    """Per exercise: mean score, full marks and pass rate, as a chart and a table."""
+    e = _e
+    parts = ["<h2>Exercises</h2>"]
     if any(x["pass_rate"] is not None for x in st["exercises"]):
         parts.append("<img id='pass-rates' alt='Bar chart: share of students with full marks on each exercise' "
                      f"src='{pass_rate_bars(st['exercises'])}'>")
@@ -293,8 +337,13 @@ def render(students: dict, problems: list[str] = ()) -> str:
                      f"<td class='num'>{_pct(x['pass_rate'])}</td></tr>")
     parts.append("</table><p class='note'>Pass rate: the share of the students graded on the exercise who got "
                  "full marks (a chapter not handed in is left out, as its cells are blank in the CSV).</p>")
+    return parts
 
-    parts.append("<h2>Cases, the hardest first</h2>")
+
+def _cases_html(st: dict) -> list[str]:
+    """Per exercise, its cases' pass rates, the hardest first."""
+    e = _e
+    parts = ["<h2>Cases, the hardest first</h2>"]
     for x in st["exercises"]:
         rows = st["cases"].get((x["chapter"], x["exercise"]))
         if not rows:
@@ -306,8 +355,13 @@ def render(students: dict, problems: list[str] = ()) -> str:
         parts += [f"<tr><td>{e(c['case'])}</td><td>{e(c['device'])}</td><td class='num'>{c['passed']} of "
                   f"{c['run']}</td><td class='num'>{_pct(c['rate'])}</td></tr>" for c in rows]
         parts.append("</table></details>")
+    return parts
 
-    parts.append("<h2>Most frequent hints</h2>")
+
+def _hints_html(st: dict) -> list[str]:
+    """The hints given to the most students."""
+    e = _e
+    parts = ["<h2>Most frequent hints</h2>"]
     if st["hints"]:
         parts.append("<table id='hints'><tr><th class='num'>students</th><th class='num'>failing cases</th>"
                      "<th>exercise</th><th>hint</th><th>for example</th></tr>")
@@ -318,8 +372,13 @@ def render(students: dict, problems: list[str] = ()) -> str:
         parts.append("</table>")
     else:
         parts.append("<p>No hints were given.</p>")
+    return parts
 
-    parts.append("<h2>Flags for the instructor</h2>")
+
+def _flags_html(st: dict) -> list[str]:
+    """What the instructor should look at (no score changes)."""
+    e = _e
+    parts = ["<h2>Flags for the instructor</h2>"]
     if st["flags"]:
         parts.append("<table id='flags'><tr><th>student</th><th>flag</th><th>where</th></tr>")
         parts += [f"<tr><td>{e(f['name'])}</td><td>{e(f['what'])}</td><td>{e(f['detail'])}</td></tr>"
@@ -332,8 +391,13 @@ def render(students: dict, problems: list[str] = ()) -> str:
                  "are set aside (written answers and find-the-bug fixes are not compared). LATE, files not "
                  "placed and unpacked zips come from the import; forbidden-API uses and timeouts from the "
                  "grading. Flags to look at; they change no score.</p>")
+    return parts
 
-    parts.append("<h2>Similar code between students</h2>")
+
+def _similar_html(st: dict) -> list[str]:
+    """Pairs of students with similar code (no score changes)."""
+    e = _e
+    parts = ["<h2>Similar code between students</h2>"]
     if st["similar"]:
         parts.append("<table id='similar'><tr><th>students</th><th class='num'>exercises</th><th>where "
                      "(similarity)</th></tr>")
@@ -349,16 +413,22 @@ def render(students: dict, problems: list[str] = ()) -> str:
                  f"{similarity.SHINGLE}-grams); pairs at {100 * similarity.THRESHOLD:.0f}% or more are listed. Code "
                  f"shorter than {similarity.MIN_TOKENS} tokens and the released stubs are not compared. A list to "
                  "look at; it changes no score.</p>")
+    return parts
 
-    parts.append("<h2>Students</h2><table id='students'><tr><th>student</th><th>ID</th>"
-                 "<th class='num'>total</th><th>status</th><th>feedback</th></tr>")
+
+def _students_html(st: dict) -> list[str]:
+    """Every student's total, status and feedback link; the last section (it closes the page)."""
+    e = _e
+    col = st["col"]
+    parts = ["<h2>Students</h2><table id='students'><tr><th>student</th><th>ID</th>"
+             "<th class='num'>total</th><th>status</th><th>feedback</th></tr>"]
     for r in st["rows"]:
         s = st["by_id"].get(r[col["ID"]], r[col["ID"]])
         link = f"<a href='{e(quote(s))}/feedback.html'>feedback</a>"
         parts.append(f"<tr><td>{e(r[0])}</td><td>{e(r[1])}</td><td class='num total'>{e(r[col['Total']])}</td>"
                      f"<td>{e(r[col['Status']])}</td><td>{link}</td></tr>")
     parts.append("</table></body></html>")
-    return printable("\n".join(parts))
+    return parts
 
 
 def write(out_dir) -> Path:

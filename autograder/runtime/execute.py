@@ -399,61 +399,12 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
     """The body of `_execute`: fills `out` (returns early with it on a module that cannot be used)."""
     _seed(call.seed, call.device)
     fake = call.device == FAKE_CUDA
-    args = _place(call.args, device, dtype, fake)
-    kwargs = _place(call.kwargs, device, dtype, fake)
-    named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
-    named_inputs.update({f"kwargs.{k}": v for k, v in kwargs.items()})
-    grad_inputs = {}
-    for name in call.grad:
-        t = named_inputs.get(name)
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            t.requires_grad_(True)
-            grad_inputs[name] = t
-    pristine = {} if fake else {  # (fake tensors have no values to compare)
-        k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
-
+    args, kwargs, named_inputs, grad_inputs, pristine = _inputs(call, device, dtype, fake)
     fn = target
-    module = None
     if call.init is not None:
-        with (_Defaults(device, dtype) if call.as_default else _Nothing()), _Recorder(seen):
-            module = target(**call.init)
-        if not isinstance(module, torch.nn.Module):
-            out.error = Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
-                                        f"(got {type(module).__name__}).").error
+        module = _build_module(target, call, device, dtype, fake, seen, out)
+        if module is None:
             return out
-        lazy = [n for n, p in [*module.named_parameters(), *module.named_buffers()]
-                if torch.nn.parameter.is_lazy(p)]
-        if lazy:
-            out.error = Outcome.failure("TypeError", (
-                f"`{call.target}(...)` has parameters that do not exist yet after __init__ "
-                f"({', '.join(lazy[:4])}{', ...' if len(lazy) > 4 else ''}: nn.LazyLinear or another lazy "
-                "layer). The grader loads the reference weights right after __init__, so every parameter "
-                "must exist with its shape by then: use nn.Linear(in_features, out_features).")).error
-            return out
-        # Parameters and buffers (non-persistent ones too), by name, with their shapes.
-        out.params = {k: list(v.shape) for k, v in module.named_parameters()}
-        out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
-        persistent = module.state_dict(keep_vars=True)
-        out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
-        if not fake:  # (on fake CUDA, move_module below sets the dtype: no values to round)
-            module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
-        if call.state is not None:
-            state = {k: _place(v, "cpu", dtype, fake) if fake else v.to(dtype) if v.is_floating_point() else v
-                     for k, v in call.state.items()}
-            own = module.state_dict()
-            missing = [k for k in state if k not in own]
-            if missing:
-                out.load_error = "missing " + ", ".join(missing)
-            else:
-                try:
-                    module.load_state_dict(state, strict=False)
-                except Exception as e:  # shape mismatch
-                    out.load_error = str(e).strip().splitlines()[-1][:500]
-        if call.device == FAKE_CUDA:
-            move_module(module, device, dtype)
-        else:
-            module.to(device=device, dtype=dtype)
-        module.train(call.train)
         fn = getattr(module, call.method) if call.method else module
         if "params" in call.grad:
             for pname, p in module.named_parameters():
@@ -466,6 +417,88 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
         value = fn(*args, **kwargs)
     if call.measure_memory:
         out.largest_tensor = [largest.numel, f"aten.{largest.op}"]
+    flat = _record_outputs(value, out)
+
+    if grad_inputs and device != "meta" and call.device != FAKE_CUDA:
+        out.grads = _gradients(flat, grad_inputs, call.seed)
+    for name, before in pristine.items():
+        if not _same(named_inputs[name].detach(), before):
+            out.inputs_modified.append(name)
+    return out
+
+
+def _inputs(call: Call, device: str, dtype, fake: bool) -> tuple:
+    """The call's arguments placed on `device`: (args, kwargs, every input by name, those that
+    require a gradient by name, clones of the tensor inputs to detect in-place changes)."""
+    args = _place(call.args, device, dtype, fake)
+    kwargs = _place(call.kwargs, device, dtype, fake)
+    named_inputs = {f"args.{i}": a for i, a in enumerate(args)}
+    named_inputs.update({f"kwargs.{k}": v for k, v in kwargs.items()})
+    grad_inputs = {}
+    for name in call.grad:
+        t = named_inputs.get(name)
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            t.requires_grad_(True)
+            grad_inputs[name] = t
+    pristine = {} if fake else {  # (fake tensors have no values to compare)
+        k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
+    return args, kwargs, named_inputs, grad_inputs, pristine
+
+
+def _build_module(target, call: Call, device: str, dtype, fake: bool, seen: set, out: Outcome):
+    """The student's nn.Module built with `call.init`, its parameters recorded in `out`, the
+    reference weights loaded, and moved to `device`; None where it cannot be used (`out.error`
+    says why)."""
+    with (_Defaults(device, dtype) if call.as_default else _Nothing()), _Recorder(seen):
+        module = target(**call.init)
+    if not isinstance(module, torch.nn.Module):
+        out.error = Outcome.failure("TypeError", f"`{call.target}(...)` did not build an nn.Module "
+                                    f"(got {type(module).__name__}).").error
+        return None
+    lazy = [n for n, p in [*module.named_parameters(), *module.named_buffers()]
+            if torch.nn.parameter.is_lazy(p)]
+    if lazy:
+        out.error = Outcome.failure("TypeError", (
+            f"`{call.target}(...)` has parameters that do not exist yet after __init__ "
+            f"({', '.join(lazy[:4])}{', ...' if len(lazy) > 4 else ''}: nn.LazyLinear or another lazy "
+            "layer). The grader loads the reference weights right after __init__, so every parameter "
+            "must exist with its shape by then: use nn.Linear(in_features, out_features).")).error
+        return None
+    # Parameters and buffers (non-persistent ones too), by name, with their shapes.
+    out.params = {k: list(v.shape) for k, v in module.named_parameters()}
+    out.params.update({k: list(v.shape) for k, v in module.named_buffers()})
+    persistent = module.state_dict(keep_vars=True)
+    out.transient = sorted(k for k, _ in module.named_buffers() if k not in persistent)
+    if not fake:  # (on fake CUDA, move_module below sets the dtype: no values to round)
+        module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
+    if call.state is not None:
+        _load_state(module, call.state, dtype, fake, out)
+    if call.device == FAKE_CUDA:
+        move_module(module, device, dtype)
+    else:
+        module.to(device=device, dtype=dtype)
+    module.train(call.train)
+    return module
+
+
+def _load_state(module, state: dict, dtype, fake: bool, out: Outcome) -> None:
+    """The reference weights loaded into `module`; what does not fit goes to `out.load_error`."""
+    state = {k: _place(v, "cpu", dtype, fake) if fake else v.to(dtype) if v.is_floating_point() else v
+             for k, v in state.items()}
+    own = module.state_dict()
+    missing = [k for k in state if k not in own]
+    if missing:
+        out.load_error = "missing " + ", ".join(missing)
+    else:
+        try:
+            module.load_state_dict(state, strict=False)
+        except Exception as e:  # shape mismatch
+            out.load_error = str(e).strip().splitlines()[-1][:500]
+
+
+def _record_outputs(value, out: Outcome) -> list:
+    """What the call returned, described in `out` (structure, per-output meta, CPU copies of the
+    values); returns the flattened outputs."""
     out.returned = _describe(value)
     flat = _flatten(value)
     for v in flat:
@@ -476,13 +509,7 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
         else:
             out.meta.append({"type": type(v).__name__})
             out.outputs.append(None)
-
-    if grad_inputs and device != "meta" and call.device != FAKE_CUDA:
-        out.grads = _gradients(flat, grad_inputs, call.seed)
-    for name, before in pristine.items():
-        if not _same(named_inputs[name].detach(), before):
-            out.inputs_modified.append(name)
-    return out
+    return flat
 
 
 def _gradients(flat: list, grad_inputs: dict, seed: int) -> dict:

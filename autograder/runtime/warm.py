@@ -133,18 +133,7 @@ def serve_box(ctl_fd: int, config: dict, start: float) -> None:
             return False
         pid = loop.fork()
         if pid == 0:
-            try:
-                os.setsid()
-                req, res, out = fds
-                os.dup2(out, 1)
-                os.dup2(out, 2)
-                os.close(out)
-                prctl(36, 1)  # its own orphans stay below it, so killing it finds them
-                _own_folder(_chapter_folder(os.getpid()))
-                sys.argv[:] = ["-c", str(req), str(res)]  # as a started chapter's would be
-                serve(req, res, {**config, **message.config, "token": message.token}, start)
-            finally:
-                os._exit(0)
+            _chapter_child(fds, config, message, start)
         p._close(fds)
         chapters[pid] = message.token
         loop.send(p.Forked(pid))
@@ -171,6 +160,24 @@ def serve_box(ctl_fd: int, config: dict, start: float) -> None:
     loop.run({p.Fork: fork, p.Kill: kill, p.Reset: reset}, reap)
     _kill_all_but_me()
     os._exit(0)
+
+
+def _chapter_child(fds: list, config: dict, message, start: float) -> None:
+    """In the process just forked for a chapter: its own session, output and folder, then the
+    chapter child's loop (`child.serve`) on the request and response sockets, with the warm
+    worker's config and the Fork `message`'s. Never returns: whatever happens, it exits here."""
+    try:
+        os.setsid()
+        req, res, out = fds
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        prctl(36, 1)  # its own orphans stay below it, so killing it finds them
+        _own_folder(_chapter_folder(os.getpid()))
+        sys.argv[:] = ["-c", str(req), str(res)]  # as a started chapter's would be
+        serve(req, res, {**config, **message.config, "token": message.token}, start)
+    finally:
+        os._exit(0)
 
 
 def _kill_all_but_me() -> None:

@@ -200,18 +200,36 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
     """
     bwrap = shutil.which("bwrap") or "bwrap"
     root = os.geteuid() == 0
-    args = [bwrap]
-    if root:  # a user namespace would map the sandbox's uid to root outside; drop with setpriv
-        args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-                 "--unshare-cgroup-try"]
-    else:
-        args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
-                 "--unshare-uts", "--unshare-cgroup-try"]
-        if variant == 0:
-            args += ["--disable-userns"]
+    args = [bwrap] + _namespace_options(root, variant)
     args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    gpu = sorted(glob.glob("/dev/nvidia*"))
+    for _, _, op in _filesystem_ops(hidden, sys_path, limits, variant, gpu):
+        args += op
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for dev in gpu:
+        args += ["--dev-bind", dev, dev]
+    args += ["--perms", "0755", "--dir", "/run", "--ro-bind", str(stage), RUNTIME_DEST]
+    args += ["--chdir", "/tmp"]
+    args += _privilege_options(root, keep_root, uid)
+    return args + python_argv
 
-    ops: list[tuple[str, int, list[str]]] = []  # (dest, order at equal path, args)
+
+def _namespace_options(root: bool, variant: int) -> list[str]:
+    """The namespaces to unshare."""
+    if root:  # a user namespace would map the sandbox's uid to root outside; drop with setpriv
+        return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    args = ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
+            "--unshare-uts", "--unshare-cgroup-try"]
+    if variant == 0:
+        args += ["--disable-userns"]
+    return args
+
+
+def _filesystem_ops(hidden: list[str], sys_path: list[str], limits: Limits, variant: int,
+                    gpu: list[str]) -> list[tuple[str, int, list[str]]]:
+    """The sandbox's file system as (dest, order at equal path, bwrap args), in the order to
+    apply them: shallowest path first."""
+    ops: list[tuple[str, int, list[str]]] = []
     bound: list[str] = []
     # The fresh /tmp comes first (ops are applied shallowest first), so a Python installed under
     # /tmp (a venv in CI or a container) is bound on top of it instead of being covered by it.
@@ -224,7 +242,6 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
         elif os.path.isdir(d):
             ops.append((d, 0, ["--ro-bind", d, d]))
             bound.append(d)
-    gpu = sorted(glob.glob("/dev/nvidia*"))
     sys_dirs = ["/sys"] if gpu else ["/sys/devices/system/cpu"]
     for d in sys_dirs:
         if os.path.isdir(d):
@@ -233,17 +250,29 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
         if any(_under(d, b) for b in bound) or _under("/tmp", d):
             continue  # already visible (e.g. /usr/lib/python3), or /tmp itself (a script's folder)
         ops.append((d, 0, ["--ro-bind", d, d]))
-    # Hidden paths that lie inside something bound get an empty tmpfs (or /dev/null) on top.
+    ops += _hiding_ops(hidden, ops)
+    ops += _parent_dir_ops(ops, bound)
+    ops.sort(key=lambda op: (_depth(op[0]), op[1], op[0]))
+    return ops
+
+
+def _hiding_ops(hidden: list[str], ops: list) -> list:
+    """Hidden paths that lie inside something bound get an empty tmpfs (or /dev/null) on top."""
     visible = [op[0] for op in ops if op[2][0] == "--ro-bind"]
+    hiding = []
     for h in hidden:
         if any(_under(h, v) for v in visible) and os.path.exists(h):
             if os.path.isdir(h):
-                ops.append((h, 1, ["--tmpfs", h]))
+                hiding.append((h, 1, ["--tmpfs", h]))
             else:
-                ops.append((h, 1, ["--ro-bind", "/dev/null", h]))
-    # Directories on the way to a bound path are created 0755 (bwrap would make them 0700).
-    made = set()
-    for dest, _, op in list(ops):
+                hiding.append((h, 1, ["--ro-bind", "/dev/null", h]))
+    return hiding
+
+
+def _parent_dir_ops(ops: list, bound: list[str]) -> list:
+    """Directories on the way to a bound path are created 0755 (bwrap would make them 0700)."""
+    made, dirs = set(), []
+    for dest, _, op in ops:
         if op[0] != "--ro-bind":
             continue
         parent = os.path.dirname(dest)
@@ -255,28 +284,21 @@ def bwrap_command(python_argv: list[str], hidden: list[str], sys_path: list[str]
             parent = os.path.dirname(parent)
         for p in chain:
             made.add(p)
-            ops.append((p, -1, ["--perms", "0755", "--dir", p]))
-    ops.sort(key=lambda op: (_depth(op[0]), op[1], op[0]))
-    for _, _, op in ops:
-        args += op
+            dirs.append((p, -1, ["--perms", "0755", "--dir", p]))
+    return dirs
 
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    for dev in gpu:
-        args += ["--dev-bind", dev, dev]
-    args += ["--perms", "0755", "--dir", "/run", "--ro-bind", str(stage), RUNTIME_DEST]
-    args += ["--chdir", "/tmp"]
+
+def _privilege_options(root: bool, keep_root: bool, uid: int) -> list[str]:
+    """How the sandboxed process gives up root (where the grader runs as root), ending with `--`."""
     if root and keep_root:
-        args += ["--cap-add", "ALL", "--"]
-    elif root:
+        return ["--cap-add", "ALL", "--"]
+    if root:
         setpriv = shutil.which("setpriv")
         if setpriv:
-            args += ["--", setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-        else:
-            args += ["--"]  # the worker drops privileges itself (config "drop")
-    else:
-        args += ["--"]
-    return args + python_argv
+            return ["--", setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                    "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return ["--"]  # the worker drops privileges itself (config "drop")
+    return ["--"]
 
 
 def popen_bwrap(argv: list[str], pass_fds=(), **kwargs) -> subprocess.Popen:

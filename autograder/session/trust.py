@@ -65,31 +65,14 @@ def validated(d) -> Outcome | None:
         if not isinstance(outputs, list) or not isinstance(meta, list) or len(outputs) > 1000:
             return None
         out.outputs = [_tensor_or_none(x) for x in outputs]
-        for m in meta:
-            if not isinstance(m, dict):
-                return None
-            clean = {}
-            for k, v in m.items():
-                if k == "shape":
-                    if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
-                        return None
-                    clean[k] = v
-                elif k in ("dtype", "device", "type"):
-                    clean[k] = _text(v, 200)
-            out.meta.append(clean)
+        out.meta = [_meta_entry(m) for m in meta]
         grads = d.get("grads", {})
         if not isinstance(grads, dict):
             return None
         out.grads = {_text(k, 500): _tensor_or_none(v) for k, v in grads.items()}
         params = d.get("params")
         if params is not None:
-            if not isinstance(params, dict):
-                return None
-            out.params = {}
-            for k, v in params.items():
-                if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
-                    return None
-                out.params[_text(k, 500)] = v
+            out.params = _params(params)
         if d.get("load_error") is not None:
             out.load_error = _text(d["load_error"])
         for key in ("inputs_modified", "forbidden", "called", "transient"):
@@ -108,6 +91,41 @@ def validated(d) -> Outcome | None:
         return out
     except (TypeError, ValueError, AttributeError):
         return None
+
+
+class _Malformed(ValueError):
+    """Raised by `validated`'s helpers on data that is not well formed (`validated` returns None)."""
+
+
+def _shape(v) -> list:
+    if not (isinstance(v, list) and all(isinstance(s, int) for s in v)):
+        raise _Malformed
+    return v
+
+
+def _meta_entry(m) -> dict:
+    """One output's meta: its shape (a list of ints), and dtype, device and type as capped text;
+    any other key is dropped."""
+    if not isinstance(m, dict):
+        raise _Malformed
+    clean = {}
+    for k, v in m.items():
+        if k == "shape":
+            clean[k] = _shape(v)
+        elif k in ("dtype", "device", "type"):
+            clean[k] = _text(v, 200)
+    return clean
+
+
+def _params(params) -> dict:
+    """The module's parameter shapes by (capped) name."""
+    if not isinstance(params, dict):
+        raise _Malformed
+    clean = {}
+    for k, v in params.items():
+        shape = _shape(v)
+        clean[_text(k, 500)] = shape
+    return clean
 
 
 _CELL_FRAME = re.compile(r"^<cell (\d+)>, line (\d+), in [^:]*: (.*)$")

@@ -213,68 +213,79 @@ def _check_header(header: bytes, max_nodes: int = MAX_NODES, max_depth: int = MA
 
 
 def _decode(header: bytes, payload: memoryview, max_nodes: int, max_depth: int) -> Any:
+    tree = _parse_header(header, max_nodes, max_depth)
+    specs = list(_entries(tree, len(payload)))
+    _check_tiling(specs, len(payload))  # before a single byte is copied
+    specs.reverse()
+    return _rebuild(tree, specs, payload)
+
+
+def _parse_header(header: bytes, max_nodes: int, max_depth: int) -> Any:
+    """The header's JSON, its bounds checked before json.loads."""
     try:
         text = header.decode("utf-8")
     except UnicodeDecodeError:
         raise WireError("header is not UTF-8") from None
     _check_header(header, max_nodes, max_depth)
     try:
-        tree = json.loads(text)
+        return json.loads(text)
     except ValueError as e:
         raise WireError(f"bad header: {e}") from None
 
-    def spec(entry) -> tuple:
-        if not (isinstance(entry, list) and len(entry) == 4):
-            raise WireError("bad tensor entry")
-        dtype_name, shape, offset, nbytes = entry
-        dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
-        if dtype is None:
-            raise WireError(f"bad tensor dtype {dtype_name!r}")
-        if not (isinstance(shape, list) and len(shape) <= MAX_DIMS
-                and all(type(s) is int and s >= 0 for s in shape)):
-            raise WireError("bad tensor shape")
-        if not (type(offset) is int and type(nbytes) is int and 0 <= offset
-                and 0 <= nbytes <= len(payload) - offset):
-            raise WireError("tensor data out of range")
-        numel = 1
-        for s in shape:
-            numel *= s
-        if numel * dtype.itemsize != nbytes:
-            raise WireError("tensor size does not match its shape")
-        return offset, nbytes, dtype, shape
 
-    def entries(x):
-        """Every tensor entry's spec, checked, in the order `walk` meets them."""
-        if isinstance(x, dict):
-            if set(x) == {"__tensor__"}:
-                yield spec(x["__tensor__"])
-            else:
-                for v in x.values():
-                    yield from entries(v)
-        elif isinstance(x, list):
-            for v in x:
-                yield from entries(v)
+def _spec(entry, size: int) -> tuple:
+    """A tensor entry of the header, checked: (offset, nbytes, dtype, shape), its bytes within
+    a payload of `size` bytes and matching its shape."""
+    if not (isinstance(entry, list) and len(entry) == 4):
+        raise WireError("bad tensor entry")
+    dtype_name, shape, offset, nbytes = entry
+    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+    if dtype is None:
+        raise WireError(f"bad tensor dtype {dtype_name!r}")
+    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS
+            and all(type(s) is int and s >= 0 for s in shape)):
+        raise WireError("bad tensor shape")
+    if not (type(offset) is int and type(nbytes) is int and 0 <= offset
+            and 0 <= nbytes <= size - offset):
+        raise WireError("tensor data out of range")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel * dtype.itemsize != nbytes:
+        raise WireError("tensor size does not match its shape")
+    return offset, nbytes, dtype, shape
 
-    specs = list(entries(tree))
-    _check_tiling(specs, len(payload))  # before a single byte is copied
-    specs.reverse()
 
-    def tensor(offset, nbytes, dtype, shape):
-        if nbytes == 0:
-            return torch.empty(shape, dtype=dtype)
-        raw = bytearray(payload[offset: offset + nbytes])  # the one copy of these bytes
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+def _entries(x, size: int):
+    """Every tensor entry's spec, checked, in the order `_rebuild` meets them."""
+    if isinstance(x, dict):
+        if set(x) == {"__tensor__"}:
+            yield _spec(x["__tensor__"], size)
+        else:
+            for v in x.values():
+                yield from _entries(v, size)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _entries(v, size)
 
-    def walk(x):
-        if isinstance(x, dict):
-            if set(x) == {"__tensor__"}:
-                return tensor(*specs.pop())
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        return x
 
-    return walk(tree)
+def _tensor(payload: memoryview, offset: int, nbytes: int, dtype, shape) -> torch.Tensor:
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    raw = bytearray(payload[offset: offset + nbytes])  # the one copy of these bytes
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _rebuild(x, specs: list, payload: memoryview) -> Any:
+    """The header's tree with each tensor entry replaced by a fresh tensor; `specs`, reversed,
+    are popped in the order of `_entries`."""
+    if isinstance(x, dict):
+        if set(x) == {"__tensor__"}:
+            return _tensor(payload, *specs.pop())
+        return {k: _rebuild(v, specs, payload) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rebuild(v, specs, payload) for v in x]
+    return x
 
 
 def _check_tiling(specs: list, size: int) -> None:

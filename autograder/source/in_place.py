@@ -178,89 +178,103 @@ class _InPlace:
         stack = [(n, frozenset()) for n in body]
         while stack:
             node, shadow = stack.pop()
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack.extend(self._visit(node, shadow))
+
+    def _visit(self, node, shadow: frozenset) -> list:
+        """Records what one node binds or changes; returns the (node, shadow) pairs to visit
+        next, in the order they go on the stack. Nested definitions and lambdas are not entered;
+        the body of a branch that is never taken (`if DEBUG:` with DEBUG false) is skipped."""
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self.bind(node.name, node, at_end=False)
+            return []
+        if isinstance(node, ast.Lambda):
+            return []
+        if isinstance(node, COMPREHENSIONS):
+            inner = shadow | comprehension_targets(node)
+            return [(c, inner) for c in ast.iter_child_nodes(node)]
+        if (isinstance(node, (ast.If, ast.While, ast.IfExp))
+                and self.nb.is_false(node.test, lambda n: n in self.locals)):
+            orelse = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            return [(node.test, shadow), *((s, shadow) for s in orelse)]
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            return self._assign(node, shadow)
+        if isinstance(node, ast.AugAssign):
+            self._aug_assign(node, shadow)
+            return [(node.value, shadow)]
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            for name in stored_names(node.target):
+                self.bind(name, node.target)
+            return [(node.iter, shadow), *((s, shadow) for s in [*node.body, *node.orelse])]
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            return self._with(node, shadow)
+        if isinstance(node, ast.NamedExpr):
+            if isinstance(node.target, ast.Name):
+                self.bind(node.target.id, node, src=_chain_root(node.value))
+            return [(node.value, shadow)]
+        self._record(node, shadow)
+        return [(c, shadow) for c in ast.iter_child_nodes(node)]
+
+    def _assign(self, node, shadow: frozenset) -> list:
+        if node.value is None:  # a bare annotation binds nothing
+            return []
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        single = len(targets) == 1 and isinstance(targets[0], ast.Name)
+        src = _chain_root(node.value) if single else None
+        for t in targets:
+            self._target(t, node, src if single else None, shadow)
+        return [(node.value, shadow)]
+
+    def _aug_assign(self, node: ast.AugAssign, shadow: frozenset) -> None:
+        """`x += ...` changes x in place where a tensor has the in-place operator; `x[...] += ...`
+        and `x.data += ...` change x."""
+        t = node.target
+        symbol = _AUG_SYMBOL.get(type(node.op), "op=")
+        if isinstance(t, ast.Name):
+            if hasattr(torch.Tensor, _AUG_DUNDER.get(type(node.op), "")):
+                self.change(t.id, node, symbol, shadow)
+            self.bind(t.id, node, src=t.id)  # x += ... keeps x's tensor
+        elif isinstance(t, ast.Subscript):
+            self.change(_chain_root(t.value), node, f"[...] {symbol}", shadow)
+        elif isinstance(t, ast.Attribute) and t.attr == "data":
+            self.change(_chain_root(t.value), node, f".data {symbol}", shadow)
+
+    def _with(self, node, shadow: frozenset) -> list:
+        visit = []
+        for item in node.items:
+            visit.append((item.context_expr, shadow))
+            if item.optional_vars is not None:
+                for name in stored_names(item.optional_vars):
+                    self.bind(name, item.optional_vars)
+        return visit + [(s, shadow) for s in node.body]
+
+    def _record(self, node, shadow: frozenset) -> None:
+        """What any other node binds (except, import, del, global, match patterns), or a call's changes."""
+        if isinstance(node, ast.ExceptHandler):
+            if node.name:
                 self.bind(node.name, node, at_end=False)
-                continue
-            if isinstance(node, ast.Lambda):
-                continue
-            if isinstance(node, COMPREHENSIONS):
-                inner = shadow | comprehension_targets(node)
-                stack.extend((c, inner) for c in ast.iter_child_nodes(node))
-                continue
-            if (isinstance(node, (ast.If, ast.While, ast.IfExp))
-                    and self.nb.is_false(node.test, lambda n: n in self.locals)):
-                stack.append((node.test, shadow))
-                stack.extend((s, shadow) for s in (node.orelse if isinstance(node.orelse, list) else [node.orelse]))
-                continue
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if node.value is None:  # a bare annotation binds nothing
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
                     continue
-                single = len(targets) == 1 and isinstance(targets[0], ast.Name)
-                src = _chain_root(node.value) if single else None
-                for t in targets:
-                    self._target(t, node, src if single else None, shadow)
-                stack.append((node.value, shadow))
-                continue
-            if isinstance(node, ast.AugAssign):
-                t = node.target
-                symbol = _AUG_SYMBOL.get(type(node.op), "op=")
+                name = alias.asname or alias.name.split(".")[0]
+                self.bind(name, node, at_end=False)
+                if isinstance(node, ast.Import):
+                    self.local_imports[name] = alias.name if alias.asname else name
+                elif node.module and not node.level:
+                    self.local_imports[name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Delete):
+            for t in node.targets:
                 if isinstance(t, ast.Name):
-                    if hasattr(torch.Tensor, _AUG_DUNDER.get(type(node.op), "")):
-                        self.change(t.id, node, symbol, shadow)
-                    self.bind(t.id, node, src=t.id)  # x += ... keeps x's tensor
-                elif isinstance(t, ast.Subscript):
-                    self.change(_chain_root(t.value), node, f"[...] {symbol}", shadow)
-                elif isinstance(t, ast.Attribute) and t.attr == "data":
-                    self.change(_chain_root(t.value), node, f".data {symbol}", shadow)
-                stack.append((node.value, shadow))
-                continue
-            if isinstance(node, (ast.For, ast.AsyncFor)):
-                for name in stored_names(node.target):
-                    self.bind(name, node.target)
-                stack.append((node.iter, shadow))
-                stack.extend((s, shadow) for s in [*node.body, *node.orelse])
-                continue
-            if isinstance(node, (ast.With, ast.AsyncWith)):
-                for item in node.items:
-                    stack.append((item.context_expr, shadow))
-                    if item.optional_vars is not None:
-                        for name in stored_names(item.optional_vars):
-                            self.bind(name, item.optional_vars)
-                stack.extend((s, shadow) for s in node.body)
-                continue
-            if isinstance(node, ast.NamedExpr):
-                if isinstance(node.target, ast.Name):
-                    self.bind(node.target.id, node, src=_chain_root(node.value))
-                stack.append((node.value, shadow))
-                continue
-            if isinstance(node, ast.ExceptHandler):
-                if node.name:
-                    self.bind(node.name, node, at_end=False)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for alias in node.names:
-                    if alias.name == "*":
-                        continue
-                    name = alias.asname or alias.name.split(".")[0]
-                    self.bind(name, node, at_end=False)
-                    if isinstance(node, ast.Import):
-                        self.local_imports[name] = alias.name if alias.asname else name
-                    elif node.module and not node.level:
-                        self.local_imports[name] = f"{node.module}.{alias.name}"
-            elif isinstance(node, ast.Delete):
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        self.bind(t.id, node, at_end=False)
-            elif isinstance(node, (ast.Global, ast.Nonlocal)):
-                for name in node.names:
-                    self.events.append(_Event((0, 0), True, name))
-            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-                self.bind(node.name, node, at_end=False)
-            elif isinstance(node, ast.MatchMapping) and node.rest:
-                self.bind(node.rest, node, at_end=False)
-            elif isinstance(node, ast.Call):
-                self._call(node, shadow)
-            stack.extend((c, shadow) for c in ast.iter_child_nodes(node))
+                    self.bind(t.id, node, at_end=False)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                self.events.append(_Event((0, 0), True, name))
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            self.bind(node.name, node, at_end=False)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            self.bind(node.rest, node, at_end=False)
+        elif isinstance(node, ast.Call):
+            self._call(node, shadow)
 
     def _target(self, t, stmt, src: str | None, shadow: frozenset) -> None:
         if isinstance(t, ast.Name):

@@ -105,12 +105,7 @@ class Notebook:
         order = self._order
         add = lambda name, kind, node=None, path=None: self._add(name, kind, node, cell, order, path)  # noqa: E731
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for dec in stmt.decorator_list:
-                if isinstance(dec, ast.Call):
-                    for arg in [*dec.args, *(k.value for k in dec.keywords)]:
-                        info = self._class_named(arg, order)
-                        if info is not None:
-                            self._attach(info, stmt.name, stmt, order, cell)
+            self._bind_decorated(stmt, order, cell)
             add(stmt.name, "def", stmt)
         elif isinstance(stmt, ast.ClassDef):
             info = self._class(stmt, order, cell)
@@ -123,61 +118,70 @@ class Notebook:
                     first = alias.name.split(".")[0]
                     add(first, "import", stmt, first)
         elif isinstance(stmt, ast.ImportFrom):
-            for alias in stmt.names:
-                if stmt.level or not stmt.module:
-                    if alias.name != "*":
-                        add(alias.asname or alias.name, "other")
-                elif alias.name == "*":
-                    self.stars.append(Binding(order, "*", "star", stmt, cell, stmt.module))
-                else:
-                    add(alias.asname or alias.name, "import", stmt, f"{stmt.module}.{alias.name}")
+            self._bind_import_from(stmt, order, cell, add)
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            value = stmt.value
-            if value is not None:
-                for t in targets:
-                    if isinstance(t, ast.Name):
-                        add(t.id, "value", value)
-                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
-                        info = self._class_named(t.value, order)
-                        if info is not None:
-                            self._attach(info, t.attr, value, order, cell)
-                    else:
-                        for name in stored_names(t):
-                            add(name, "other")
-        elif isinstance(stmt, ast.AugAssign):
-            for name in stored_names(stmt.target):
-                add(name, "other")
-        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
-            for name in stored_names(stmt.target):
-                add(name, "other")
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            for item in stmt.items:
-                if item.optional_vars is not None:
-                    for name in stored_names(item.optional_vars):
-                        add(name, "other")
-        elif isinstance(stmt, ast.ExceptHandler):
-            if stmt.name:
-                add(stmt.name, "other")
-        elif isinstance(stmt, ast.match_case):
-            for name in _pattern_names(stmt.pattern):
-                add(name, "other")
+            self._bind_assign(stmt, order, cell, add)
         elif isinstance(stmt, ast.Delete):
             for t in stmt.targets:
                 for name in stored_names(t):
                     add(name, "del")
         elif isinstance(stmt, ast.Expr):
-            call = stmt.value
-            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "setattr"
-                    and len(call.args) == 3):
-                info = self._class_named(call.args[0], order)
-                name = const_str(call.args[1])
-                if info is not None and name:
-                    self._attach(info, name, call.args[2], order, cell)
+            self._bind_setattr(stmt.value, order, cell)
+        else:
+            for name in _other_bound_names(stmt):
+                add(name, "other")
         for expr in _header_exprs(stmt):  # walrus targets at top level
             for node in ast.walk(expr):
                 if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
                     add(node.target.id, "other")
+
+    def _bind_decorated(self, stmt, order: int, cell: int) -> None:
+        """A function passed to a class by a decorator call (`@register(Cls)`) becomes a member of it."""
+        for dec in stmt.decorator_list:
+            if isinstance(dec, ast.Call):
+                for arg in [*dec.args, *(k.value for k in dec.keywords)]:
+                    info = self._class_named(arg, order)
+                    if info is not None:
+                        self._attach(info, stmt.name, stmt, order, cell)
+
+    def _bind_import_from(self, stmt: ast.ImportFrom, order: int, cell: int, add) -> None:
+        """`from m import x`: x is an import of m.x; a relative import binds an unknown ("other");
+        `from m import *` is kept aside, resolved by `resolve`."""
+        for alias in stmt.names:
+            if stmt.level or not stmt.module:
+                if alias.name != "*":
+                    add(alias.asname or alias.name, "other")
+            elif alias.name == "*":
+                self.stars.append(Binding(order, "*", "star", stmt, cell, stmt.module))
+            else:
+                add(alias.asname or alias.name, "import", stmt, f"{stmt.module}.{alias.name}")
+
+    def _bind_assign(self, stmt, order: int, cell: int, add) -> None:
+        """`name = value` binds a value; `Cls.attr = value` makes a member of the class;
+        any other target binds its names as "other"."""
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        value = stmt.value
+        if value is None:
+            return
+        for t in targets:
+            if isinstance(t, ast.Name):
+                add(t.id, "value", value)
+            elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                info = self._class_named(t.value, order)
+                if info is not None:
+                    self._attach(info, t.attr, value, order, cell)
+            else:
+                for name in stored_names(t):
+                    add(name, "other")
+
+    def _bind_setattr(self, call, order: int, cell: int) -> None:
+        """`setattr(Cls, "name", value)` at top level makes a member of the class."""
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "setattr"
+                and len(call.args) == 3):
+            info = self._class_named(call.args[0], order)
+            name = const_str(call.args[1])
+            if info is not None and name:
+                self._attach(info, name, call.args[2], order, cell)
 
     def _false_names(self) -> frozenset:
         """Names whose every top-level binding is a false constant (DEBUG = False) and that no
@@ -359,6 +363,23 @@ def _pattern_names(pattern) -> list[str]:
         elif isinstance(n, ast.MatchMapping) and n.rest:
             names.append(n.rest)
     return names
+
+
+def _other_bound_names(stmt) -> list[str]:
+    """The names a statement binds to something the symbol table does not follow: augmented
+    assignment, for and with targets, `except ... as`, match patterns."""
+    if isinstance(stmt, ast.AugAssign):
+        return stored_names(stmt.target)
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return stored_names(stmt.target)
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [name for item in stmt.items if item.optional_vars is not None
+                for name in stored_names(item.optional_vars)]
+    if isinstance(stmt, ast.ExceptHandler):
+        return [stmt.name] if stmt.name else []
+    if isinstance(stmt, ast.match_case):
+        return _pattern_names(stmt.pattern)
+    return []
 
 
 def first_param(fn) -> str | None:
