@@ -77,7 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--help-limits", action=_HelpLimits, nargs=0,
                         help="print every limit on student code (AUTOGRADER_* variables, defaults) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_grading_commands(sub)
+    _add_class_commands(sub)
+    _add_other_commands(sub)
+    return parser
 
+
+def _add_grading_commands(sub) -> None:
+    """grade (one submission) and batch (a class)."""
     g = sub.add_parser("grade", help="grade one submission (a chapter notebook or a folder of them)",
                        description="Grade a chapter notebook, or a folder of them, and print a report.")
     g.add_argument("path", type=Path, help="a chapter notebook (NN_name.ipynb) or a folder")
@@ -108,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "rebuilt from every student's saved results there")
     _common(b)
 
+
+def _add_class_commands(sub) -> None:
+    """What comes after batch: merge (the shards of a class) and export (to an LMS)."""
     m = sub.add_parser("merge", help="join the CSVs (and report folders) of a class graded in shards",
                        description="Join the grades CSVs that `batch --shard K/N` wrote into one, as one "
                                    "batch of the whole class would have written it; with --reports, copy "
@@ -134,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "'Attention course autograder'); Canvas matches an existing assignment by 'Name (id)'")
     x.add_argument("--csv", type=Path, default=None, metavar="FILE", help="where to write it (default: DIR/<lms>.csv)")
 
+
+def _add_other_commands(sub) -> None:
+    """gradescope-zip, selfcheck-data, new-seed and import."""
     z = sub.add_parser("gradescope-zip", help="write the Gradescope autograder zip",
                        description="Write autograder.zip (setup.sh, run_autograder, the grader and the "
                                    "reference solutions) for a Gradescope programming assignment.")
@@ -155,60 +168,77 @@ def build_parser() -> argparse.ArgumentParser:
                                       "per student, for batch)",
                        description=lms_import.build_parser().description, epilog=lms_import.build_parser().epilog)
     lms_import.add_arguments(i)  # SOURCE DEST [--lms auto|canvas|moodle|gradescope] [--force] [--dry-run]
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "selfcheck-data":
-        from .selfcheck import DATA, write_fixtures
-        write_fixtures()
-        print(f"wrote {DATA}")
-        return 0
-    if args.command == "new-seed":
-        from .cases.inputs import new_seed
-        print(new_seed())
-        return 0
-    if args.command == "import":
-        from .lms.submissions import run
-        return run(args)
-    if args.command == "merge":
-        from .batch.grade_class import merge_csvs, merge_reports
-        from .report.text import plural
-        try:
-            n = merge_csvs(args.csvs, args.csv)
-            if args.reports:
-                if args.out is None:
-                    print("error: --reports needs --out", file=sys.stderr)
-                    return 2
-                merge_reports(args.reports, args.out)
-                from .report import class_report
-                print(f"wrote the class report {class_report.write(args.out)}")
-        except (OSError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.csv} ({plural(n, 'student')} from {plural(len(args.csvs), 'shard')})")
-        return 0
-    if args.command == "export":
-        from .lms import export as lms_export
-        path = args.csv or args.out_dir / f"{args.lms}.csv"
-        try:
-            written, tell = lms_export.export(args.out_dir, args.lms, path, args.columns,
-                                              args.name or lms_export.DEFAULT_NAME)
-        except (OSError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        for line in tell:
-            print(f"note: {line}", file=sys.stderr)
-        print(f"wrote {written}")
-        return 0
-    if args.command == "gradescope-zip":
-        from .integrations.gradescope import build_zip
-        build_zip(args.output, chapters=args.chapters, seed=args.seed, hide_answers=args.hide_answers)
-        print(f"wrote {args.output}")
-        return 0
+    other = {"selfcheck-data": _selfcheck_data, "new-seed": _new_seed, "import": _import,
+             "merge": _merge, "export": _export, "gradescope-zip": _gradescope_zip}.get(args.command)
+    if other is not None:
+        return other(args)
+    return _grade_or_batch(args)
 
-    import os
+
+def _selfcheck_data(args) -> int:
+    from .selfcheck import DATA, write_fixtures
+    write_fixtures()
+    print(f"wrote {DATA}")
+    return 0
+
+
+def _new_seed(args) -> int:
+    from .cases.inputs import new_seed
+    print(new_seed())
+    return 0
+
+
+def _import(args) -> int:
+    from .lms.submissions import run
+    return run(args)
+
+
+def _merge(args) -> int:
+    from .batch.grade_class import merge_csvs, merge_reports
+    from .report.text import plural
+    try:
+        n = merge_csvs(args.csvs, args.csv)
+        if args.reports:
+            if args.out is None:
+                print("error: --reports needs --out", file=sys.stderr)
+                return 2
+            merge_reports(args.reports, args.out)
+            from .report import class_report
+            print(f"wrote the class report {class_report.write(args.out)}")
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.csv} ({plural(n, 'student')} from {plural(len(args.csvs), 'shard')})")
+    return 0
+
+
+def _export(args) -> int:
+    from .lms import export as lms_export
+    path = args.csv or args.out_dir / f"{args.lms}.csv"
+    try:
+        written, tell = lms_export.export(args.out_dir, args.lms, path, args.columns,
+                                          args.name or lms_export.DEFAULT_NAME)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in tell:
+        print(f"note: {line}", file=sys.stderr)
+    print(f"wrote {written}")
+    return 0
+
+
+def _gradescope_zip(args) -> int:
+    from .integrations.gradescope import build_zip
+    build_zip(args.output, chapters=args.chapters, seed=args.seed, hide_answers=args.hide_answers)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _grade_or_batch(args) -> int:
     if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
         from .batch import forkserver
         forkserver.context()  # its imports run while this process imports torch below
@@ -220,19 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxUnavailable as e:
         print(f"error: no grading without the sandbox: {e}", file=sys.stderr)
         return 3
-    mode = sandbox.mode
-    if mode != "bubblewrap":
+    if sandbox.mode != "bubblewrap":
         print(f"WARNING: {sandbox.note}", file=sys.stderr)
-    sandboxes = None
-    if args.command == "grade" and mode == "bubblewrap":
-        # The student's warm sandboxes start now: their torch imports overlap this process's.
-        from .sandbox.limits import Limits
-        from .sandbox.pool import SandboxPool
-        import atexit
-        jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
-        sandboxes = SandboxPool(Limits.from_env(), size=jobs)
-        atexit.register(sandboxes.close)
-        sandboxes.prestart()
+    sandboxes = _prestarted_sandboxes(args) if args.command == "grade" and sandbox.mode == "bubblewrap" else None
     from .grading.grader import Grader
     from .cases.inputs import PublicSeed, course_seed
     try:
@@ -251,64 +271,84 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, grader, sandboxes, REFERENCES)
 
 
+def _prestarted_sandboxes(args):
+    """The student's warm sandboxes, started now: their torch imports overlap this process's."""
+    import atexit
+    import os
+
+    from .sandbox.limits import Limits
+    from .sandbox.pool import SandboxPool
+
+    jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
+    sandboxes = SandboxPool(Limits.from_env(), size=jobs)
+    atexit.register(sandboxes.close)
+    sandboxes.prestart()
+    return sandboxes
+
+
 def _run(args, grader, sandboxes, references) -> int:
     """The grade and batch commands, with the reference outcomes of earlier runs loaded."""
     if args.command == "grade":
-        from .shared.contract import CHAPTERS
-        if sandboxes is not None and "cuda" not in grader.devices and \
-                not references.complete(args.chapters or list(CHAPTERS), grader.devices,
-                                        grader.seed, grader.quick):
-            # The device check's references need torch's symbolic shapes (sympy) and torch._dynamo
-            # (fake tensors import both, ~1.5 s): import them while this process waits for the
-            # student's sandbox to be ready.
-            import importlib
-            import threading
+        return _grade(args, grader, sandboxes, references)
+    return _batch(args, grader)
 
-            def preload():
-                for name in ("torch.fx.experimental.symbolic_shapes", "torch._dynamo"):
-                    importlib.import_module(name)
-            threading.Thread(target=preload, daemon=True).start()
-        from .report import gradescope, html, text
-        if not args.path.exists():
-            print(f"error: {args.path}: no such file or folder", file=sys.stderr)
-            return 2
-        try:
-            result = grader.grade_path(args.path, chapters=args.chapters, jobs=args.jobs,
-                                       sandboxes=sandboxes)
-        finally:
-            if sandboxes is not None:
-                sandboxes.close()
-        print(text.render(result, verbose=args.verbose))
-        if args.json:
-            gradescope.write(result, args.json)
-        if args.html:
-            html.write(result, args.html)
-        return 0
 
-    if args.command == "batch":
-        from .batch.grade_class import grade_class
-        if not args.class_dir.is_dir():
-            print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
-            return 2
-        from .report.text import plural
-        from .report.untrusted_text import printable
-        try:
-            results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
-                                  chapters=args.chapters, progress=not args.no_progress, shard=args.shard,
-                                  only=args.only)
-        except ValueError as e:  # (--only: a name that is no student folder, a CSV of other columns)
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        if not any(ch.notebook for r in results.values() for ch in r.chapters):  # (nothing was written)
-            print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
-                  "(an LMS download? `python -m autograder import` makes one folder per student); "
-                  f"{args.csv} was not written", file=sys.stderr)
-            return 2
-        print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
-        failed = sorted(name for name, r in results.items() if r.error)
-        if failed:
-            print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(printable(f) for f in failed[:10])} "
-                  "(`error` in the CSV; grade them again)", file=sys.stderr)
-            return 4
-        return 0
-    return 2
+def _grade(args, grader, sandboxes, references) -> int:
+    from .shared.contract import CHAPTERS
+    if sandboxes is not None and "cuda" not in grader.devices and \
+            not references.complete(args.chapters or list(CHAPTERS), grader.devices,
+                                    grader.seed, grader.quick):
+        # The device check's references need torch's symbolic shapes (sympy) and torch._dynamo
+        # (fake tensors import both, ~1.5 s): import them while this process waits for the
+        # student's sandbox to be ready.
+        import importlib
+        import threading
+
+        def preload():
+            for name in ("torch.fx.experimental.symbolic_shapes", "torch._dynamo"):
+                importlib.import_module(name)
+        threading.Thread(target=preload, daemon=True).start()
+    from .report import gradescope, html, text
+    if not args.path.exists():
+        print(f"error: {args.path}: no such file or folder", file=sys.stderr)
+        return 2
+    try:
+        result = grader.grade_path(args.path, chapters=args.chapters, jobs=args.jobs,
+                                   sandboxes=sandboxes)
+    finally:
+        if sandboxes is not None:
+            sandboxes.close()
+    print(text.render(result, verbose=args.verbose))
+    if args.json:
+        gradescope.write(result, args.json)
+    if args.html:
+        html.write(result, args.html)
+    return 0
+
+
+def _batch(args, grader) -> int:
+    from .batch.grade_class import grade_class
+    if not args.class_dir.is_dir():
+        print(f"error: {args.class_dir}: not a folder", file=sys.stderr)
+        return 2
+    from .report.text import plural
+    from .report.untrusted_text import printable
+    try:
+        results = grade_class(args.class_dir, grader, jobs=args.jobs, out_dir=args.out, csv_path=args.csv,
+                              chapters=args.chapters, progress=not args.no_progress, shard=args.shard,
+                              only=args.only)
+    except ValueError as e:  # (--only: a name that is no student folder, a CSV of other columns)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not any(ch.notebook for r in results.values() for ch in r.chapters):  # (nothing was written)
+        print(f"error: nothing gradable in {args.class_dir}: no student folder holds a chapter notebook "
+              "(an LMS download? `python -m autograder import` makes one folder per student); "
+              f"{args.csv} was not written", file=sys.stderr)
+        return 2
+    print(f"{'updated' if args.only else 'wrote'} {args.csv} ({plural(len(results), 'student')})")
+    failed = sorted(name for name, r in results.items() if r.error)
+    if failed:
+        print(f"error: grading could not finish for {plural(len(failed), 'student')}: {', '.join(printable(f) for f in failed[:10])} "
+              "(`error` in the CSV; grade them again)", file=sys.stderr)
+        return 4
+    return 0
