@@ -198,7 +198,7 @@ def _import(args) -> int:
 
 
 def _merge(args) -> int:
-    from .batch.grade_class import merge_csvs, merge_reports
+    from .batch.grades_csv import merge_csvs, merge_reports
     from .report.text import plural
     try:
         n = merge_csvs(args.csvs, args.csv)

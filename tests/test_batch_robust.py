@@ -133,7 +133,7 @@ def test_a_worker_killed_in_the_middle_of_a_batch_loses_no_student(tmp_path):
 
 
 def test_a_student_whose_grading_could_not_finish_is_an_error_not_a_zero(tmp_path):
-    from autograder.batch.grade_class import write_csv
+    from autograder.batch.grades_csv import write_csv
     from autograder.shared.contract import CHAPTERS
     from autograder.grading.scoring import zero_chapter
     from autograder.grading.results import ChapterResult, SubmissionResult

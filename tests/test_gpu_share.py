@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from autograder.batch import grade_class as batch
+from autograder.batch import workers
 from autograder.runtime import procs
 from autograder.grading.grader import Grader
 from autograder.grading.results import CaseResult, ChapterResult, TestResult
@@ -96,7 +97,7 @@ def free_uid() -> int:
 
 
 class FakePool:
-    """A student's sandboxes, as batch._grade_student uses them: a uid of their own; closing
+    """A student's sandboxes, as workers.grade_student uses them: a uid of their own; closing
     kills every process of it (what SandboxPool.close does)."""
 
     def __init__(self, limits=None, hide=(), size=1, zygote=None):
@@ -145,9 +146,9 @@ def make_class(root: Path, names: list[str]) -> Path:
 
 
 def run_batch(tmp_path, monkeypatch, reg, names, leftovers, warmed=None) -> dict:
-    monkeypatch.setattr(batch, "SandboxPool", FakePool)
-    monkeypatch.setattr(batch, "resolve_sandbox", lambda requested=None, hide=(): SandboxChoice(SandboxMode.BUBBLEWRAP))
-    monkeypatch.setattr(batch, "_zygote", lambda grader: None)
+    monkeypatch.setattr(workers, "SandboxPool", FakePool)
+    monkeypatch.setattr(workers, "resolve_sandbox", lambda requested=None, hide=(): SandboxChoice(SandboxMode.BUBBLEWRAP))
+    monkeypatch.setattr(workers, "_zygote", lambda grader: None)
     monkeypatch.setattr(Grader, "grade_planned", simulated_chapter(reg, leftovers))
     monkeypatch.setattr(Grader, "plan", lambda self, folder, chapters=None: (
         __import__("autograder.grading.results", fromlist=["SubmissionResult"]).SubmissionResult(str(folder)),

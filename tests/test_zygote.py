@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from autograder.batch import grade_class as batch
+from autograder.batch import workers
 from autograder.shared.calls import Call
 from autograder.grading.grader import Grader
 from autograder.sandbox.uids import uid_range
@@ -160,7 +161,7 @@ def test_when_the_zygote_is_gone_students_get_sandboxes_of_their_own(zygote):
 
 def test_a_zygote_whose_sandboxes_fail_to_start_is_not_used(zygote):
     zygote.box_config["tmp_size"] = "nonsense"  # the mount of /tmp fails: the box exits
-    assert not batch._try(zygote)
+    assert not workers._try(zygote)
     assert zygote.broken and not zygote.usable_now() and zygote.alive()
     assert_graded_in_a_sandbox_of_its_own(zygote)
 
@@ -178,10 +179,10 @@ def test_the_zygote_stays_out_of_reach_of_what_it_starts(zygote):
 @pytest.fixture
 def fresh_batch_worker(monkeypatch):
     """batch's per-process zygote, reset around the test."""
-    monkeypatch.setattr(batch, "_ZYGOTE", None)
+    monkeypatch.setattr(workers, "_ZYGOTE", None)
     yield
-    if batch._ZYGOTE:
-        batch._ZYGOTE.kill()
+    if workers._ZYGOTE:
+        workers._ZYGOTE.kill()
 
 
 def _class(tmp_path):
@@ -200,12 +201,12 @@ def test_batch_grades_through_the_zygote_and_scores_as_without(tmp_path, fresh_b
     folder = _class(tmp_path)
     grader = Grader(sandbox="bubblewrap")
     with_zygote = batch.grade_class(folder, grader, jobs=1, progress=False, in_process=True)
-    assert isinstance(batch._ZYGOTE, Zygote), "a root grader forks students from a zygote"
-    batch._ZYGOTE.kill()
-    monkeypatch.setattr(batch, "_ZYGOTE", None)
+    assert isinstance(workers._ZYGOTE, Zygote), "a root grader forks students from a zygote"
+    workers._ZYGOTE.kill()
+    monkeypatch.setattr(workers, "_ZYGOTE", None)
     monkeypatch.setattr(Zygote, "usable", staticmethod(lambda mode: False))
     without = batch.grade_class(folder, grader, jobs=1, progress=False, in_process=True)
-    assert batch._ZYGOTE is False
+    assert workers._ZYGOTE is False
     assert {n: r.score for n, r in with_zygote.items()} == {n: r.score for n, r in without.items()}
     assert with_zygote["good"].score == with_zygote["good"].max_score > 0
     assert with_zygote["stub"].score == 0
@@ -218,4 +219,4 @@ def test_a_zygote_that_cannot_start_costs_nothing(tmp_path, fresh_batch_worker, 
     results = batch.grade_class(_class(tmp_path), Grader(sandbox="bubblewrap"), jobs=1, in_process=True,
                                 progress=False)
     assert results["good"].score == results["good"].max_score > 0
-    assert batch._ZYGOTE is False
+    assert workers._ZYGOTE is False

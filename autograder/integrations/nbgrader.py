@@ -125,7 +125,7 @@ class SandboxedGrades(NbGraderPreprocessor):
         student (one warm sandbox, the chapters one after another, the student's time budget):
         this notebook as nbgrader sanitized it, the others sanitized the same way here (a
         notebook that cannot be is graded on its own when nbgrader reaches it)."""
-        from ..batch.grade_class import _grade_student
+        from ..batch.workers import grade_student
         from ..references.cache import REFERENCES
         from ..references.store import persisted
 
@@ -137,7 +137,7 @@ class SandboxedGrades(NbGraderPreprocessor):
                 nbformat.write(other, folder / f"{other_id}.ipynb")
             _, todo = grader.plan(folder)
             with persisted(REFERENCES, grader.seed, grader.quick):
-                chapters = _grade_student(grader, todo)  # (batch's own: its zygote, the student's budget)
+                chapters = grade_student(grader, todo)  # (batch's own: its zygote, the student's budget)
         return {ch.chapter: ch for ch in chapters}
 
     def _siblings(self, chapter, resources):

@@ -1,0 +1,341 @@
+"""The batch's worker processes: each grades one student at a time (in the student's own sandbox,
+forked from the worker's zygote where there is one), hands the result back through a capped
+file, and is killed by the watchdog here when a student outlasts their budget plus a margin;
+a pool whose worker died is replaced and its students graded again, alone."""
+from __future__ import annotations
+
+
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+
+from . import forkserver
+from ..sandbox import gpu_share
+from ..shared.contract import CHAPTERS
+from ..references.cache import REFERENCES
+from ..grading.grader import Grader
+from ..report import class_report
+from ..grading.results import ChapterResult, SubmissionResult
+from ..sandbox.modes import SandboxMode, resolve_sandbox
+from ..sandbox.pool import SandboxPool
+from ..report.untrusted_text import capped
+
+
+_SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
+_ZYGOTE = None  # this worker's zygote (False where it cannot be used)
+
+
+def _zygote(grader: Grader):
+    """This worker's zygote (`sandbox.Zygote`), started on its first student; None where there
+    is none (not root, or it did not start: students then get sandboxes started from scratch)."""
+    global _ZYGOTE
+    from ..sandbox.limits import Limits, time_now
+    from ..sandbox.warm import Zygote
+    from ..sandbox.policy import hidden_paths
+
+    if _ZYGOTE is None:
+        _ZYGOTE = False
+        if Zygote.usable(SandboxMode.BUBBLEWRAP):
+            import atexit
+            import tempfile
+            from multiprocessing import util
+
+            limits = grader.limits or Limits.from_env()
+            workdir = tempfile.mkdtemp(prefix="autograder-zygote-")
+            try:
+                zygote = Zygote(limits, hidden_paths(), workdir)
+            except OSError:
+                os.rmdir(workdir)
+                return None
+
+            def end() -> None:
+                zygote.kill()
+                shutil.rmtree(workdir, ignore_errors=True)
+            atexit.register(end)
+            util.Finalize(None, end, exitpriority=10)  # a pool worker skips atexit
+            if zygote.wait_ready(time_now() + limits.startup_timeout) is None and _try(zygote):
+                _ZYGOTE = zygote
+            else:
+                zygote.kill()
+    return _ZYGOTE if _ZYGOTE and _ZYGOTE.usable_now() else None
+
+
+def _try(zygote) -> bool:
+    """Whether a student's sandbox started by the zygote comes up (namespaces, mounts and the
+    drop to nobody all work on this machine)."""
+    from ..sandbox.warm import _SpawnedBox
+    from ..sandbox.limits import time_now
+
+    with SandboxPool(zygote.limits, zygote=zygote) as pool:
+        box = pool.acquire()  # (a sandbox of its own if the zygote could not start one)
+        ok = (isinstance(box.proc, _SpawnedBox) and zygote.usable_now()
+              and box.wait_ready(time_now() + zygote.limits.startup_timeout) is None)
+        pool.release(box)
+    return ok
+
+
+def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
+    """One student's chapters, one after another in the student's own warm sandbox (torch is
+    imported there once, or once per worker where a zygote forks the students' sandboxes; each
+    chapter's child is forked fresh)."""
+    global _SPARES
+    pool = None
+    if any(nb is not None for _, nb in todo) and resolve_sandbox(grader.sandbox).mode == SandboxMode.BUBBLEWRAP:
+        zygote = _zygote(grader)
+        pool = SandboxPool(grader.limits, zygote=zygote)
+        # A spare sandbox started during the previous student: only without root, where every
+        # student runs as the grader's own uid (as root each student has a uid of their own).
+        if zygote is None and os.geteuid() != 0:
+            if _SPARES is None:
+                import atexit
+                from multiprocessing import util
+
+                _SPARES = SandboxPool(grader.limits)
+                atexit.register(_SPARES.close)
+                util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
+            spare = _SPARES.take_fresh()
+            if spare is not None:
+                pool.adopt(spare)  # started during the previous student: torch already imported
+            else:
+                pool.prestart()
+            _SPARES.prestart(1)  # the next student's, importing while this one is graded
+    deadline = grader.student_deadline()  # (Limits.student_budget for all their chapters)
+    try:
+        return [grader.grade_planned(chapter_id, notebook, pool, deadline) for chapter_id, notebook in todo]
+    finally:
+        if pool is not None:
+            pool.close()
+            if "cuda" in grader.devices:  # the next student starts on a GPU this one has left
+                gpu_share.release(pool.uid)
+
+
+def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, counter) -> None:
+    import torch
+
+    # Each worker gets its own `threads` cores where the machine has enough: the worker and
+    # its student processes take turns on them, and stay off the other workers' caches.
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    mine = cores[index * threads:(index + 1) * threads]
+    if len(mine) == threads:
+        os.sched_setaffinity(0, mine)
+
+    # The forkserver was started earlier, perhaps from elsewhere: take this run's working
+    # directory and AUTOGRADER_* settings (limits, sandbox mode, hidden paths) from the parent.
+    os.chdir(cwd)
+    for key in [k for k in os.environ if k.startswith("AUTOGRADER_")]:
+        del os.environ[key]
+    os.environ.update(settings)
+
+    # As many torch threads as its cores: idle OpenMP threads spin for a while after each
+    # operation, and more threads than cores would take CPU from the other workers' students.
+    torch.set_num_threads(threads)
+    REFERENCES.adopt(snapshot)
+
+
+def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
+    """Worker processes, started warm.
+
+    Processes, not threads: the grader's own work (comparisons, reference runs) holds the GIL.
+    They fork from a forkserver that has imported torch and the grader once (a spawned worker
+    would import them again, ~2 s each), and they receive the reference outcomes computed here,
+    while the server imports, instead of each computing them again.
+    """
+    ctx = forkserver.context()  # (already started by the command line: it imports meanwhile)
+    try:
+        REFERENCES.warm(chapters or list(CHAPTERS), grader.devices, grader.seed, grader.quick)
+    except Exception:  # not fatal: each worker then computes what it needs itself
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // jobs)
+    settings = {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
+                               initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), settings,
+                                         ctx.Value("i", 0)))
+
+
+def source_flags(todo) -> dict:
+    """What the class report reads from the student's code, computed where their notebooks are
+    parsed (the worker, under the watchdog): the identical-to-solution flags ("identical") and
+    the normalised token streams for comparing students ("code", `report.similarity`)."""
+    from ..report import similarity
+
+    flags: dict = {"identical": [], "code": {}}
+    try:
+        flags["identical"] = class_report.identical_to_solutions(todo)
+    except Exception:
+        pass
+    try:
+        flags["code"] = similarity.fingerprints(todo)
+    except Exception:
+        pass
+    return flags
+
+
+MAX_ROUNDS = 3  # times a student is graded again after a worker process died under them
+MAX_RESULT_BYTES = 4 << 20  # one student's result as the worker hands it back (JSON)
+
+
+def watchdog_seconds(grader: Grader) -> float:
+    """How long a worker may spend on one student before the batch kills it: the student's
+    budget (their cells and calls) plus a margin for what the budget does not count (start-up,
+    reference outcomes, comparisons, the static check, reports)."""
+    from ..sandbox.limits import Limits
+
+    limits = grader.limits or Limits.from_env()
+    return limits.student_budget + limits.watchdog_margin
+
+
+def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
+    """In a worker: one student graded (`grade_student`, then the identical-code flag, so that
+    every parse of their code happens here, under the watchdog), the result written to
+    spool/key.json (capped: `_shrunk`). Returns the key alone: a worker that dies while handing
+    back a large result would leave the pool's reader waiting for the rest."""
+
+    from ..report import atomic
+
+    atomic.write_text(os.path.join(spool, key + ".pid"), str(os.getpid()))
+    try:
+        chapters = grade_student(grader, todo)
+    except Exception as e:
+        chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
+    data = {"chapters": [_capped_plain(SubmissionResult("", [c]).to_plain()["chapters"][0]) for c in chapters],
+            "source": source_flags(todo)}
+    atomic.write_text(os.path.join(spool, key + ".json"), _shrunk(data))
+    return key
+
+
+def _capped_plain(x):
+    """Every string of a result capped (`untrusted_text.capped`): messages, notes and outputs
+    hold what the student's code printed or named."""
+    if isinstance(x, str):
+        return capped(x)
+    if isinstance(x, dict):
+        return {k: _capped_plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_capped_plain(v) for v in x]
+    return x
+
+
+def _shrunk(data: dict) -> str:
+    """The result as JSON within MAX_RESULT_BYTES: without figures and outputs if need be, then
+    with every message cut short, then without case details at all (scores kept)."""
+    import json
+
+    text = json.dumps(data)
+    steps = [("figure", None), ("output", ""), ("message", None), ("cases", [])]
+    for field, value in steps:
+        if len(text) <= MAX_RESULT_BYTES:
+            break
+        for ch in data["chapters"]:
+            if field == "output":
+                ch["output"] = "(left out: this student's results were too large)"
+            for t in ch["tests"]:
+                if field == "cases":
+                    t["cases"] = []
+                    t["note"] = capped(t["note"], 200)
+                for c in t["cases"]:
+                    if field == "figure":
+                        c["figure"] = None
+                    elif field == "message":
+                        c["message"], c["hint"] = capped(c["message"], 200), capped(c["hint"], 200)
+            if field == "message":
+                ch["notes"] = [capped(n, 200) for n in ch["notes"][:20]]
+        text = json.dumps(data)
+    return text
+
+
+def _read_result(spool: str, key: str, todo: list, grader: Grader) -> tuple[list, dict]:
+    """(chapter results, source flags: `source_flags`) a worker left in spool/key.json."""
+    import json
+
+    path = os.path.join(spool, key + ".json")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_RESULT_BYTES + 1)
+    if len(raw) > MAX_RESULT_BYTES:
+        raise ValueError("the student's result is larger than the batch accepts")
+    data = json.loads(raw)
+    chapters = SubmissionResult.from_plain({"path": "", "chapters": data["chapters"]}).chapters
+    source = data.get("source")
+    return chapters, source if isinstance(source, dict) else {}
+
+
+def _watchdog(running: list[str], spool: str, keys: dict, started: dict, killed: dict, limit: float) -> None:
+    """Kill the worker of every running student it has been at for more than `limit` seconds
+    (its pid is in the spool once it starts them), and say why in `killed`."""
+    import signal
+
+    now = time.monotonic()
+    for name in running:
+        pidfile = os.path.join(spool, keys[name] + ".pid")
+        if name not in started and os.path.exists(pidfile):
+            started[name] = now
+        if name in started and name not in killed and now - started[name] > limit:
+            try:
+                with open(pidfile) as f:
+                    os.kill(int(f.read()), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
+            killed[name] = (f"grading this student took longer than {limit:g} s (the "
+                            "student's time budget plus a margin): stopped")
+
+
+def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
+    """Grade every student of `work` (name -> plan), calling `done(name, chapter_results,
+    identical)` for each, in worker processes. A worker process that dies breaks its whole pool
+    (every student still pending in it fails with BrokenProcessPool, whoever killed it): the
+    pool is replaced and the students it had not finished are graded again. From the second
+    round on they are graded one at a time in a worker of their own, so a student who kills
+    their worker again costs no one else; after MAX_ROUNDS such rounds, a student's chapters are
+    grader errors (`error` in the CSV). A student whose worker is still at it `watchdog_seconds`
+    after starting them is killed there and is an error at once (not graded again)."""
+    import tempfile
+    from concurrent.futures import FIRST_COMPLETED, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    limit = watchdog_seconds(grader)
+    keys = {name: f"s{i}" for i, name in enumerate(work)}
+    pending, rounds = dict(work), 0
+    with tempfile.TemporaryDirectory(prefix="autograder-batch-") as spool:
+        while pending:
+            solo = rounds > 0
+            batches = [[name] for name in pending] if solo else [list(pending)]
+            failed: dict[str, BaseException] = {}
+            for names in batches:
+                pool = _worker_pool(grader, 1 if solo else jobs, chapters)
+                killed: dict[str, str] = {}
+                started: dict[str, float] = {}
+                with pool:
+                    futures = {pool.submit(_grade_student_to, grader, pending[n], spool, keys[n]): n
+                               for n in names}
+                    waiting = set(futures)
+                    while waiting:
+                        finished, waiting = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            name = futures[fut]
+                            todo = pending[name]
+                            try:
+                                fut.result()
+                                chapter_results, source = _read_result(spool, keys[name], todo, grader)
+                            except BrokenProcessPool as e:  # a worker died: graded again, below
+                                if name in killed:
+                                    why = RuntimeError(killed[name])
+                                    done(name, [grader.failed_chapter(c, nb, why) for c, nb in todo])
+                                else:
+                                    failed[name] = e
+                                continue
+                            except Exception as e:  # the grader failed on this student: their error
+                                chapter_results, source = [grader.failed_chapter(c, nb, e) for c, nb in todo], {}
+                            done(name, chapter_results, source)
+                        _watchdog([futures[fut] for fut in waiting], spool, keys, started, killed, limit)
+            rounds += 1
+            pending = {n: pending[n] for n in failed}
+            if rounds >= MAX_ROUNDS:
+                for name, e in failed.items():
+                    why = RuntimeError(f"the grading worker died {rounds} times while grading this student ({e})")
+                    done(name, [grader.failed_chapter(c, nb, why) for c, nb in pending[name]])
+                return
