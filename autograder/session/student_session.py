@@ -425,6 +425,27 @@ class StudentSession:
         may have killed it, so what was running is run again, once (see `SandboxPool`)."""
         return self._box is not None and self._box.died_shared and self._box.dead
 
+    def _believed(self, event: protocol.CallDone, call: Call, name: str) -> Outcome:
+        """What the child says a call returned, as far as the grader believes it: checked field
+        by field (`validated`), its error's traceback against the notebook's source, and an
+        expected error's kind only where the notebook's own raise says so."""
+        outcome = validated(event.outcome)
+        if outcome is None:
+            self._kill()
+            return Outcome.failure("Crash", f"{name} sent the grader malformed data; "
+                                   "the grading process was restarted")
+        if not traceback_in_source(outcome.error, self.cells):
+            return Outcome.failure("Crash", f"{name} reported an error whose traceback does not "
+                                   "match the notebook's code")
+        if call.expect_error and outcome.error and ErrorKind.of(outcome.error) is None and \
+                not expected_error_credible(outcome.error, call.expect_error, self.cells, call.target):
+            # the child's claim of the error is not believed: its kind is what the
+            # notebook's own raise statement says, nothing more
+            outcome.error["mro"] = [outcome.error.get("type", "")]
+            if call.expect_error in outcome.error["mro"]:
+                outcome.error["where"] = ""  # a claim without a raise in the notebook
+        return outcome
+
     def _run(self, call: Call, timeout: float | None, again: bool = False) -> Outcome:
         if self._closed:
             return Outcome.failure("Crash", "the session is closed")
@@ -452,22 +473,7 @@ class StudentSession:
             event = self._next_event(deadline)
         match event:
             case protocol.CallDone(id=answered) if answered == self._call_id:
-                outcome = validated(event.outcome)
-                if outcome is not None and not traceback_in_source(outcome.error, self.cells):
-                    outcome = Outcome.failure("Crash", f"{name} reported an error whose traceback does not "
-                                              "match the notebook's code")
-                elif outcome is not None and call.expect_error and outcome.error and \
-                        ErrorKind.of(outcome.error) is None and \
-                        not expected_error_credible(outcome.error, call.expect_error, self.cells, call.target):
-                    # the child's claim of the error is not believed: its kind is what the
-                    # notebook's own raise statement says, nothing more
-                    outcome.error["mro"] = [outcome.error.get("type", "")]
-                    if call.expect_error in outcome.error["mro"]:
-                        outcome.error["where"] = ""  # a claim without a raise in the notebook
-                if outcome is None:
-                    self._kill()
-                    outcome = Outcome.failure("Crash", f"{name} sent the grader malformed data; "
-                                              "the grading process was restarted")
+                outcome = self._believed(event, call, name)
             case Lost(kind=LostKind.TIMEOUT):
                 self._kill()
                 outcome = Outcome.failure(
