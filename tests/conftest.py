@@ -1,10 +1,22 @@
 """Shared by every test module.
 
-Test modules are named after what they test: test_<module>.py for autograder/<module>.py
-(test_compare, test_execute, test_grading, test_selfcheck, test_batch, test_wire, ...), and
-test_grading_chNN.py for the cases and hints of autograder/cases/chNN_*.py. Helpers shared by
-the chapter suites are in grading_helpers.py (importable from any test module: this folder is
-put on sys.path here, whatever pytest's import mode).
+The tests are laid out like the package's concerns, one folder each:
+
+    unit/      pure grader logic, in process: wire, compare, static checks, cases and hints,
+               rules, reports, gradebook CSV, LMS import and export, similarity
+    sandbox/   anything that starts a sandboxed child: the sandbox, warm worker and zygote,
+               container mode, uids, memory case, GPU share, forgeries and attacks
+    chapters/  each chapter's grading (test_grading_chNN.py for autograder/cases/chNN_*.py),
+               the other exercise kinds, the references' cross-checks, the device check
+    e2e/       whole runs of the command line: grade, batch, the runner, nbgrader, Gradescope
+    course/    the course itself: the notebooks, the book's text, the site in a browser, the
+               self-check of the exercises, the written answers
+
+Test modules are named after what they test (test_compare, test_execute, test_wire, ...).
+Helpers shared by several folders stay here, at the top: grading_helpers.py (grading a chapter
+in process), ports.py, rules.py. This folder and each of the five above are put on sys.path
+here, whatever pytest's import mode, so `from grading_helpers import ...` and imports of one
+test module from another (`from test_sandbox import processes_with`) work from any folder.
 """
 import os
 import sys
@@ -14,15 +26,17 @@ from pathlib import Path
 import pytest
 import torch
 
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+HERE = Path(__file__).resolve().parent
+FOLDERS = ("unit", "sandbox", "chapters", "e2e", "course")
+for _path in [str(HERE / f) for f in reversed(FOLDERS)] + [str(HERE)]:
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 # The grader commands that tests run keep their reference outcomes in a folder of this test run
 # (shared by its tests, as by one instructor's runs), never in the user's own cache.
 os.environ.setdefault("AUTOGRADER_CACHE_DIR", tempfile.mkdtemp(prefix="autograder-test-cache-"))
 # Tests are no graded deployment: `batch` and the Gradescope bundle may use the public built-in seed
-# (inputs.course_seed; tests/test_attacks_round2.py checks the refusal without this).
+# (inputs.course_seed; tests/sandbox/test_attacks_round2.py checks the refusal without this).
 os.environ.setdefault("AUTOGRADER_ALLOW_PUBLIC_SEED", "1")
 
 

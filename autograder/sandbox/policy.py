@@ -19,7 +19,7 @@ from .limits import Limits, NOBODY
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REPO_DIR = PACKAGE_DIR.parent
 # What the child imports, staged whole: nothing secret (no references, no cases, no solutions).
-# tests/test_runtime_boundary.py fails if anything there imports from outside these folders.
+# tests/unit/test_runtime_boundary.py fails if anything there imports from outside these folders.
 RUNTIME_PACKAGES = ("shared", "runtime")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 

@@ -31,7 +31,7 @@ from autograder.shared.contract import CHAPTERS
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CH = "07_efficient_attention"
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
@@ -214,7 +214,7 @@ def test_batch_with_the_zygote_catches_it_too(tmp_path):
 @pytest.mark.skipif(not (CAPSH and os.geteuid() == 0 and sys.platform == "linux"),
                     reason="needs root and capsh to simulate a container")
 def test_the_container_mode_catches_it_too(tmp_path):
-    """The Gradescope bundle run as Gradescope runs it (tests/test_container_mode.py): as root
+    """The Gradescope bundle run as Gradescope runs it (tests/sandbox/test_container_mode.py): as root
     without CAP_SYS_ADMIN, so no namespaces, a uid per student."""
     import zipfile
 

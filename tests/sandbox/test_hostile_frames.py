@@ -21,7 +21,7 @@ from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
 
 # A 48 MiB payload whose header names it 200 times: before, one copy per entry (the grader

@@ -16,7 +16,7 @@ import pytest
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.report.untrusted_text import printable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
 
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

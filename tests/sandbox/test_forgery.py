@@ -25,7 +25,7 @@ from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
 

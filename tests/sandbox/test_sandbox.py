@@ -475,7 +475,7 @@ def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
             "w.set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
             "print('student code ran')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     from autograder.runtime.prepare import MEMORY_CASE_UNCONFINED
 
     assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout
@@ -494,7 +494,7 @@ def test_the_memory_case_filter_refuses_hidden_memory_and_sockets():
             "    try:\n        act(); print(name, 'allowed')\n"
             "    except PermissionError:\n        print(name, 'refused')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["shared refused", "memfd refused", "socket refused"], r.stdout
 
@@ -611,7 +611,7 @@ def test_closed_session_and_run_without_start():
 # ------------------------------------------------------------------ broken notebooks
 
 def test_ipython_syntax_keeps_definitions():
-    """IPython syntax, neutralised by the notebook reader (tests/test_notebook.py), runs."""
+    """IPython syntax, neutralised by the notebook reader (tests/unit/test_notebook.py), runs."""
     py = to_python("%matplotlib inline\n!pip install nothing\nimport torch\n"
                    "def f(x):\n    %time y = x + 1\n    return y\ntorch.nn?\n")
     with session([py, to_python("%%timeit -n 3\nz = f(torch.ones(1))\n"),

@@ -14,7 +14,7 @@ import pytest
 from autograder.grading.grader import Grader
 from autograder.sandbox.limits import Limits
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 EXITER = '''import os, time
 time.sleep(3.0)  # a slow notebook: each re-run costs 3 s (12 re-runs without a budget)
