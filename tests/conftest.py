@@ -17,6 +17,15 @@ Helpers shared by several folders stay here, at the top: grading_helpers.py (gra
 in process), ports.py, rules.py. This folder and each of the five above are put on sys.path
 here, whatever pytest's import mode, so `from grading_helpers import ...` and imports of one
 test module from another (`from test_sandbox import processes_with`) work from any folder.
+
+Markers (declared in pyproject.toml, applied here, not in each file):
+
+    sandbox      every test under sandbox/ (it starts a sandboxed child)
+    browser      the tests that open chromium through Playwright (BROWSER_MODULES, BROWSER_TESTS)
+    slow         tests that take more than about 5 s (SLOW below): `pytest -m "not slow"` is
+                 the fast subset, a few minutes on 2 cores
+    needs_bwrap  skipped, with the probe's reason, where bubblewrap cannot create namespaces
+    cuda         needs a real CUDA GPU, skipped without one
 """
 import os
 import sys
@@ -40,14 +49,61 @@ os.environ.setdefault("AUTOGRADER_CACHE_DIR", tempfile.mkdtemp(prefix="autograde
 os.environ.setdefault("AUTOGRADER_ALLOW_PUBLIC_SEED", "1")
 
 
+# Tests that open chromium through Playwright (besides every test of these modules).
+BROWSER_MODULES = ("course/test_site.py",)
+BROWSER_TESTS = ("unit/test_class_report.py::test_the_class_report_in_a_browser",)
+
+# Tests that take more than about 5 s (measured with --durations=0 on 2 shared cores), left out
+# of the fast subset `pytest -m "not slow"`: a module ("folder/test_x.py") or a test
+# ("folder/test_x.py::test_name", every parameter of it). Each entry says what makes it slow.
+SLOW: dict[str, str] = {
+}
+
+
+def _where(item) -> tuple[str, str]:
+    """("folder/test_x.py", "test_name") of an item, relative to this folder."""
+    path = Path(str(item.path)).resolve()
+    try:
+        module = path.relative_to(HERE).as_posix()
+    except ValueError:
+        return "", ""
+    return module, item.originalname if hasattr(item, "originalname") else item.name
+
+
+def _in(module: str, name: str, listed) -> bool:
+    return module in listed or f"{module}::{name}" in listed
+
+
+_BUBBLEWRAP: list = []
+
+
+def _bubblewrap_skip():
+    """The skip of `needs_bwrap` tests, or None where bubblewrap runs (probed once)."""
+    if not _BUBBLEWRAP:
+        from autograder.sandbox.modes import probe_bubblewrap
+        ok, why, _ = probe_bubblewrap()
+        _BUBBLEWRAP.append(None if ok else pytest.mark.skip(reason=f"bubblewrap unavailable: {why}"))
+    return _BUBBLEWRAP[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` need a real GPU: skipped, said so, where there is none."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m cuda on a GPU machine: tools/gpu_check.sh)")
+    """The markers by folder and by the lists above; `needs_bwrap` tests skipped where
+    bubblewrap cannot create namespaces, `cuda` tests where there is no GPU, each said so."""
+    no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(
+        reason="needs a CUDA GPU (run with -m cuda on a GPU machine: tools/gpu_check.sh)")
     for item in items:
-        if item.get_closest_marker("cuda"):
+        module, name = _where(item)
+        if module.startswith("sandbox/"):
+            item.add_marker(pytest.mark.sandbox)
+        if _in(module, name, BROWSER_MODULES + BROWSER_TESTS):
+            item.add_marker(pytest.mark.browser)
+        if _in(module, name, SLOW):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("needs_bwrap") and (skip := _bubblewrap_skip()):
             item.add_marker(skip)
+        if item.get_closest_marker("cuda") and no_gpu:
+            item.add_marker(no_gpu)
 
 
 @pytest.fixture(autouse=True)
