@@ -237,7 +237,7 @@ def test_every_malformed_frame_is_a_wire_error_and_nothing_else():
 AMPLIFIED = r'''
 import json, struct, sys, time
 sys.path.insert(0, sys.argv[1])
-from autograder import wire
+from autograder.shared import wire
 
 size, entries = 48 << 20, int(sys.argv[2])
 entry = {"__tensor__": ["uint8", [size], 0, size]}
@@ -269,7 +269,7 @@ def test_a_frame_that_names_one_range_many_times_costs_no_more_than_its_size(ent
     import sys
     from pathlib import Path
 
-    r = subprocess.run([sys.executable, "-c", AMPLIFIED, str(Path(wire.__file__).parent.parent), str(entries)],
+    r = subprocess.run([sys.executable, "-c", AMPLIFIED, str(Path(wire.__file__).parents[2]), str(entries)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
