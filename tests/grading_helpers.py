@@ -1,4 +1,4 @@
-"""Shared by the tests/test_grading_chNN.py suites: grade the reference namespace of a chapter
+"""Shared by the tests/chapters/test_grading_chNN.py suites: grade the reference namespace of a chapter
 with some names redefined by a (buggy or merely different) implementation, in process."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A rule may cost points only where the exercise's text states it (shared/exercise
 book's exercise cells say the same). Each rule listed here must be exercised on purpose, not by
 the chance of a random mask: `exercised(call)` looks at the case's actual inputs (a boolean
 mask with a row of False, a float mask with a row of -inf, dropout > 0 in training mode, ...),
-and tests/test_rules.py proves that for every exercise and many seeds both the grader's cases
+and tests/unit/test_rules.py proves that for every exercise and many seeds both the grader's cases
 and the self-check's quick cases contain one that does. The self-check is therefore never
 silent about a rule the grader scores.
 

@@ -73,7 +73,7 @@ printf '%-34s %10s %10s\n' "stubs (grade exercises), warm" "-" "${SECONDS_OF[exe
 printf '%-34s %10s %10s\n' "scores" "${TOTAL_OF[solutions-cpu-warm]#Total: }" "${TOTAL_OF[solutions-cuda-warm]#Total: }"
 
 # Only the files that hold CUDA tests (the others may need what a GPU image lacks, e.g. playwright).
-mapfile -t files < <(grep -l "pytest.mark.cuda" tests/test_*.py)
+mapfile -t files < <(grep -l "pytest.mark.cuda" tests/*/test_*.py)
 echo
 echo "gpu_check: pytest -m cuda ${files[*]}"
 "$PY" -m pytest -q -m cuda -p no:cacheprovider "${files[@]}" || failed=1

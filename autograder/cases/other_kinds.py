@@ -4,7 +4,7 @@
   student wrote (Call.answer); compared by autograder/cases/written_answers.py, to 0.01, in the grader only.
   The hints of likely wrong answers, and those wrong answers, are the instructor's data (the
   solution notebooks' answer cells, answers.hint_table): this source is public, and a table of
-  wrong answers here would give the right ones away (tests/test_written_answers.py).
+  wrong answers here would give the right ones away (tests/course/test_written_answers.py).
 - "find the bug" (`fixed_*`): the notebook shows a buggy function from the chapter's common
   mistakes; the student writes the corrected one under the `fixed_*` name, graded like any
   function, on a few small cases, the quick ones among them showing the bug. On the unchanged

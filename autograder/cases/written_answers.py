@@ -130,7 +130,7 @@ def _written(got: torch.Tensor) -> str:
 #     # hint for [0, 1, 1, 1, 1, 0]: off by one: count the visible keys again ...
 # A table of wrong answers in the package would give the right one away (three wrong parameter
 # counts, each missing one bias, gave the count): the package holds none
-# (tests/test_written_answers.py).
+# (tests/course/test_written_answers.py).
 _HINT_NAMES = {"nan": math.nan, "inf": math.inf, "pi": math.pi, "exp": math.exp, "sin": math.sin, "cos": math.cos}
 HINT_LINE = re.compile(r"^#\s*hint for (.+?):\s+(.+)$")
 

@@ -20,7 +20,7 @@ from ..references.solutions import PACKAGE_DIR, REPO_DIR, solutions_dir
 from ..references.store import cache_dir
 
 # What the child imports, staged whole: nothing secret (no references, no cases, no solutions).
-# tests/test_runtime_boundary.py fails if anything there imports from outside these folders.
+# tests/unit/test_runtime_boundary.py fails if anything there imports from outside these folders.
 RUNTIME_PACKAGES = ("shared", "runtime")
 RUNTIME_DEST = "/run/autograder-runtime"  # where the staged modules appear inside bubblewrap
 

@@ -25,9 +25,7 @@ from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
-REPO = Path(__file__).resolve().parent.parent
-BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
-needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def notebook_with(path: Path, template: str, extra: list[str]) -> Path:
@@ -59,7 +57,7 @@ _E._execute = _fake
 '''
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_forged_outcomes_score_zero(tmp_path):
     """Before: chapter 5 12/13 and positional encoding's exercises 4/4 from blank templates."""
     paths = []
@@ -103,7 +101,7 @@ def found():
 '''
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_course_folder_and_the_class_in_it_are_invisible(tmp_path):
     """`batch`/`grade` run from a course folder that holds the whole class and earlier reports:
     the working folder is no longer mounted (before: a student who walked the file system and
@@ -126,7 +124,7 @@ def test_a_course_folder_and_the_class_in_it_are_invisible(tmp_path):
     assert out.outputs[0].tolist() == [0]
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_an_installed_copy_of_the_grader_is_hidden(tmp_path, monkeypatch):
     """A non-editable install (Gradescope's old setup.sh: `pip install /autograder/source`)
     puts the whole package, cases and hint models included, in site-packages, which the sandbox
@@ -158,7 +156,7 @@ def snoop():
     assert out.outputs[0].tolist() == [1, 0, 0]  # the folder is there, the package is not
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_grading_from_a_clone_of_the_project_works(tmp_path):
     """Run from the root of a clone (its folder is the working folder and on sys.path): before,
     the probe saw the grader's folder as an empty mount point and stopped with exit status 3."""
@@ -198,7 +196,7 @@ def online_softmax_attention(q, k, v, mask=None, block_size=64):
 '''
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_bypassed_memory_recorder_still_loses_the_memory_cases(tmp_path):
     """Before: disabling the recorder took a full-matrix online softmax from 26.2 to 28/28.
     Now the memory cases run where the kernel caps the child's memory below the score matrix."""
@@ -247,7 +245,7 @@ def fixed_masked_softmax(scores, mask):
 '''
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_bypassed_recorders_change_no_score(tmp_path):
     """Before: emptying the forbidden-op table let torch.softmax score full marks in the
     softmax exercise, and disabling the in-place check took an in-place masked_fill_ on an

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 QUOTE = re.compile(r'grader (?:says|reports|answers) "([^"]+)"')
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from autograder.shared.contract import CHAPTERS, CHAPTER_IDS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
 IMPORTS = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F"

@@ -38,7 +38,7 @@ def test_a_mistake_that_the_reference_also_shows_explains_nothing():
 
 def test_nan_never_matches():
     """NaN equal to NaN is no evidence for a mistake model, and NaN weights are not zero ones
-    (a NaN the reference lacks is diagnosed by where it is: tests/test_nonfinite_hints.py)."""
+    (a NaN the reference lacks is diagnosed by where it is: tests/unit/test_nonfinite_hints.py)."""
     nan_row = torch.tensor([[float("nan"), float("nan")], [1.0, 2.0]])
     zero_row = torch.tensor([[0.0, 0.0], [1.0, 2.0]])
     assert not matches(nan_row, zero_row) and not matches(nan_row, nan_row)

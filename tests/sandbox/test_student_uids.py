@@ -15,7 +15,7 @@ import torch
 
 from autograder.shared.calls import Call
 from autograder.sandbox.limits import Limits
-from autograder.sandbox.modes import SandboxMode, probe_bubblewrap
+from autograder.sandbox.modes import SandboxMode
 from autograder.sandbox.pool import SandboxPool
 from autograder.sandbox.warm import Zygote
 from autograder.sandbox.policy import hidden_paths
@@ -23,9 +23,8 @@ from autograder.session.student_session import StudentSession
 from autograder.sandbox.uids import uid_range
 
 ROOT = os.geteuid() == 0
-BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
-pytestmark = pytest.mark.skipif(not (ROOT and BWRAP_OK),
-                                reason="a uid per student is for a grader that runs as root with bubblewrap")
+pytestmark = [pytest.mark.needs_bwrap,
+              pytest.mark.skipif(not ROOT, reason="a uid per student is for a grader that runs as root with bubblewrap")]
 FAST = Limits(cell_timeout=20.0, call_timeout=20.0, grace=1.0, notebook_timeout=60.0)
 
 

@@ -17,7 +17,7 @@ from autograder.shared.contract import CHAPTERS
 from autograder.grading.grader import Grader
 from autograder.references.solutions import load_reference
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CH2 = "02_scaled_dot_product_attention"
 TOTAL = sum(c.points for c in CHAPTERS.values())
 

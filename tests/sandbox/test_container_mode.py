@@ -20,7 +20,7 @@ import pytest
 
 from autograder.integrations.gradescope import build_zip
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CAPSH = shutil.which("capsh")
 pytestmark = pytest.mark.skipif(not (CAPSH and os.geteuid() == 0 and sys.platform == "linux"),
                                 reason="needs root and capsh (libcap2-bin) to simulate a container")

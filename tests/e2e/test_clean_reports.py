@@ -13,11 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.sandbox.modes import probe_bubblewrap
 from autograder.report.untrusted_text import printable
 
-REPO = Path(__file__).resolve().parent.parent
-BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
+REPO = Path(__file__).resolve().parents[2]
 
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 FAKE_TOTAL = "\x1b[2K\x1b[1A\x1b[2K\rTotal: 13 / 13  (graded in 0.1 s)\n\x1b[8m"
@@ -58,7 +56,7 @@ def _clean(text: str, where: str) -> None:
     assert bad is None, (where, text[max(0, bad.start() - 80): bad.end() + 80])
 
 
-@pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
+@pytest.mark.needs_bwrap
 def test_no_control_character_reaches_a_report(tmp_path):
     klass = tmp_path / "class"
     nb = nbformat.read(REPO / "solutions" / "01_intuition.ipynb", as_version=4)

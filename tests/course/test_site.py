@@ -44,7 +44,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "_build"
 CHROMIUM = os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -286,7 +286,7 @@ def page_text(path: Path) -> str:
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_no_written_answer_stands_on_its_chapter_pages(site, chapter):
     """The rendered chapter page and exercise page, with every output the build printed, do not
-    state the chapter's `predict_*` answers (the rule: tests/test_written_answers.answer_on_page)."""
+    state the chapter's `predict_*` answers (the rule: tests/course/test_written_answers.answer_on_page)."""
     from test_written_answers import ANSWERS, _right, answer_on_page
 
     number_name = chapter.split("/", 1)[1]

@@ -13,12 +13,9 @@ from autograder.shared import protocol
 from autograder.shared.calls import Call
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.pool import SandboxPool
-from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 from test_sandbox import DAEMON_CELL, processes_with
 
-BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
-needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
 FAST = Limits(cell_timeout=1.5, call_timeout=1.5, grace=1.0, notebook_timeout=30.0)
 
 
@@ -79,7 +76,7 @@ def test_fds_travel_with_a_fork_request():
 
 # ------------------------------------------------------------------ one student, many chapters
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_chapter_cannot_affect_the_next_chapter_of_the_same_student():
     """Chapter A patches torch, leaves a file in /tmp and a daemon, then kills itself; chapter
     B, forked afterwards from the same warm worker, sees none of it."""
@@ -96,14 +93,14 @@ def test_a_chapter_cannot_affect_the_next_chapter_of_the_same_student():
     with SandboxPool(FAST) as pool:
         with StudentSession(hostile, FAST, sandbox="bubblewrap", sandboxes=pool) as a:
             assert [c["status"] for c in a.start()["cells"]] == ["ok", "ok", "ok"]
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
             while not processes_with(marker) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert processes_with(marker), "the daemon should run while the chapter is open"
             out = a.run(call("boom", torch.ones(1)))
             assert out.error["type"] == "Crash" and "status 3" in out.error["message"]
             box = a._box
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # (the daemon would live 600 s)
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not processes_with(marker)
@@ -116,7 +113,7 @@ def test_a_chapter_cannot_affect_the_next_chapter_of_the_same_student():
             assert out.error is None and out.outputs[0].item() <= 1  # at most .matplotlib
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_chapter_that_kills_the_warm_worker_costs_only_its_own_call():
     """os.kill(-1) takes down every process of the sandbox, the warm worker included: that
     call crashes, the chapter goes on in a new sandbox, and so does the next chapter."""
@@ -133,7 +130,7 @@ def test_a_chapter_that_kills_the_warm_worker_costs_only_its_own_call():
             assert b.run(call("f", torch.ones(1))).outputs[0].item() == 3.0
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_hanging_chapter_does_not_delay_the_next_one():
     cells = ["import signal, torch\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
              "def hang(x):\n    while True:\n        pass\n"
@@ -148,7 +145,7 @@ def test_a_hanging_chapter_does_not_delay_the_next_one():
             assert b.children == 1
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_malformed_control_message_ends_that_sandbox_only():
     """A malformed control message ends the warm worker (never a grader crash); the next
     chapter gets a fresh sandbox."""
@@ -156,7 +153,7 @@ def test_a_malformed_control_message_ends_that_sandbox_only():
         box = pool.acquire()
         assert box.wait_ready(time.monotonic() + 60) is None
         box.sock.send(b"x")  # not a control message: the worker ends, and the sandbox with it
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # ends as soon as the worker is gone
         while box.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not box.alive()
@@ -178,7 +175,7 @@ def _in_threads(*fns):
         return [f.result() for f in [pool.submit(fn) for fn in fns]]
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_two_chapters_run_at_once_in_one_sandbox_each_in_a_folder_of_its_own():
     waiting = ["import os, tempfile, time, torch\n"
                "open('here.txt', 'w').write('a')\n"
@@ -222,7 +219,7 @@ def test_two_chapters_run_at_once_in_one_sandbox_each_in_a_folder_of_its_own():
             assert c.run(call("in_tmp", torch.ones(1))).outputs[0].item() == 1  # its own folder
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_a_chapter_that_kills_a_shared_sandbox_costs_the_other_chapter_nothing():
     """os.kill(-1) in chapter A ends the sandbox while chapter B is in a call and in a slow
     cell: B's call and cell run again (in a sandbox of their own) and count as if nothing

@@ -15,7 +15,7 @@ from autograder.references.solutions import load_reference
 from autograder.cases.other_kinds import fix_text
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _same(a, b, path="") -> None:
@@ -90,7 +90,8 @@ def test_without_raising_the_check_prints_and_returns_false(capsys):
 # CORRECT lists): the self-check must pass every correct variant and flag what the grader
 # penalises (at least 95% of the mistakes). Exceptions, (chapter, variant id) -> why: none at present.
 SELF_CHECK_MISSES: dict = {}
-CHAPTER_TESTS = sorted(p.stem for p in Path(__file__).parent.glob("test_grading_ch*.py"))
+CHAPTERS_DIR = Path(__file__).resolve().parents[1] / "chapters"  # tests/chapters/, on sys.path (conftest)
+CHAPTER_TESTS = sorted(p.stem for p in CHAPTERS_DIR.glob("test_grading_ch*.py"))
 
 
 def _chapter_variants():

@@ -23,10 +23,7 @@ from pathlib import Path
 import pytest
 
 from autograder.sandbox.policy import REPO_DIR
-from autograder.sandbox.modes import probe_bubblewrap
 
-BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
-needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
 ROOT = os.geteuid() == 0
 SOLUTION = REPO_DIR / "solutions" / "01_intuition.ipynb"
 
@@ -78,7 +75,7 @@ def _venv_places():
     yield pytest.param("repo", id="venv-inside-the-repository")
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 @pytest.mark.parametrize("place", _venv_places())
 def test_grading_from_a_venv_is_sandboxed(place, tmp_path):
     base = {"tmp": Path("/tmp"), "home": Path.home(), "repo": REPO_DIR}[place]

@@ -28,13 +28,10 @@ import pytest
 from autograder.grading.grader import Grader, grade_chapter
 from autograder.source.notebook import notebook_cells
 from autograder.shared.contract import CHAPTERS
-from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CH = "07_efficient_attention"
-BWRAP_OK, BWRAP_WHY, _ = probe_bubblewrap()
-needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unavailable: {BWRAP_WHY}")
 CAPSH = shutil.which("capsh")
 
 # The whole score matrix, softmaxed in place where it lies: `place(n)` gives n bytes of memory.
@@ -138,7 +135,7 @@ def memory_lost(cases) -> bool:
     return not memory[0].passed
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path, attack):
     nb = chapter7_with(tmp_path, [ATTACKS[attack] + IN_PLACE])
@@ -149,7 +146,7 @@ def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path
     assert memory.message.startswith(("the call ran out of memory", "refused: the memory case")), memory.message
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
     """The attacks compute the right answer: the same notebook, graded where nothing caps the
     memory (the grader's own process, Grader.grade_namespace measures the largest tensor, which
@@ -181,7 +178,7 @@ def _reference_namespace() -> dict:
     return ns
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_the_honest_solution_keeps_the_memory_case():
     (chapter,) = Grader(device="cpu").grade_path(REPO / "solutions" / f"{CH}.ipynb").chapters
     cases = online_cases(chapter.tests)
@@ -189,7 +186,7 @@ def test_the_honest_solution_keeps_the_memory_case():
     assert chapter.score == chapter.max_score
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_batch_with_the_zygote_catches_it_too(tmp_path):
     """`batch` as root grades through the zygote's forked sandboxes."""
     chapter7_with(tmp_path / "class", [ATTACKS["anonymous shared mapping"] + IN_PLACE], "mallory")
@@ -214,7 +211,7 @@ def test_batch_with_the_zygote_catches_it_too(tmp_path):
 @pytest.mark.skipif(not (CAPSH and os.geteuid() == 0 and sys.platform == "linux"),
                     reason="needs root and capsh to simulate a container")
 def test_the_container_mode_catches_it_too(tmp_path):
-    """The Gradescope bundle run as Gradescope runs it (tests/test_container_mode.py): as root
+    """The Gradescope bundle run as Gradescope runs it (tests/sandbox/test_container_mode.py): as root
     without CAP_SYS_ADMIN, so no namespaces, a uid per student."""
     import zipfile
 
@@ -267,7 +264,7 @@ def _solution_cells_with_stand_in() -> list[str]:
     return notebook_cells(REPO / "solutions" / f"{CH}.ipynb") + [CUDA_STAND_IN]
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_host_memory_a_gpu_driver_adds_after_the_cap_fails_only_the_old_design(tmp_path):
     cells = _solution_cells_with_stand_in()
     chapter = CHAPTERS[CH]

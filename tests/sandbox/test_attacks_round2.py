@@ -29,7 +29,6 @@ import pytest
 
 from autograder.grading.grader import Grader
 from autograder.sandbox.policy import hidden_paths
-from autograder.sandbox.modes import probe_bubblewrap
 
 from grading_helpers import REPO, read_gradebook
 
@@ -319,7 +318,7 @@ def test_the_nbgrader_course_and_the_gradescope_zip_carry_a_seed_of_their_own(tm
     assert 'AUTOGRADER_SEED="$(cat "$ROOT/source/course-seed")"' in RUN_AUTOGRADER
 
 
-@pytest.mark.skipif(not probe_bubblewrap()[0], reason="needs bubblewrap")
+@pytest.mark.needs_bwrap
 def test_the_sandboxs_first_process_does_not_name_the_hidden_paths():
     """Before: /proc/1/cmdline (bwrap's) listed every hidden path as a --tmpfs target."""
     from autograder.session.student_session import StudentSession

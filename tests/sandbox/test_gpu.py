@@ -11,7 +11,7 @@ import torch
 from autograder.grading.grader import Grader
 from autograder.session.student_session import StudentSession
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cuda
 
 

@@ -14,7 +14,7 @@ nothing there may give an answer back, and trying values there must teach nothin
   wrong answer of the table; the grader's verdict on a wrong answer has no count or index of
   wrong entries (resubmitting cannot narrow an answer down entry by entry);
 - no answer stands in its chapter's book page or exercise notebook (the sources here; the
-  rendered pages, with their outputs, in tests/test_site.py).
+  rendered pages, with their outputs, in tests/course/test_site.py).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from autograder.cases.inputs import SELF_CHECK_SEED
 from autograder.references.solutions import load_reference
 from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check, run_checks
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "autograder"
 
 ANSWERS = [(ch.id, ex) for ch in CHAPTERS.values() for ex in ch.exercises if ex.kind == "answer"]

@@ -18,7 +18,7 @@ from autograder.grading.grader import Grader
 from autograder.integrations.gradescope import build_zip
 from autograder.integrations.nbgrader import make_course
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHAPTERS_USED = ["01_intuition", "02_scaled_dot_product_attention"]
 UNSCALED = "scores = scores / math.sqrt(d_k)"
 

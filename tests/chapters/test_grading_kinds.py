@@ -4,7 +4,7 @@
 
 Wrong answers and the unfixed bug lose that exercise's points only, with a clear message and,
 for the likely ones, a hint; the self-check flags the unfixed bugs (of a written answer, only
-its form: tests/test_written_answers.py); right answers written in other forms
+its form: tests/course/test_written_answers.py); right answers written in other forms
 (rounded to two decimals, a tensor, booleans as 0/1) and correct fixes written differently
 score full marks. Full marks for the reference and zero for the stubs: test_grading.py."""
 import pytest
@@ -61,7 +61,7 @@ BUGGY = [
 @pytest.mark.parametrize("name, chapter, exercise, src, words", BUGGY, ids=[b[0] for b in BUGGY])
 def test_wrong_answer_or_unfixed_bug_loses_that_exercise_only(name, chapter, exercise, src, words):
     # The self-check of a written answer judges its form only, never its value
-    # (tests/test_written_answers.py): it flags a wrong shape, not a wrong value.
+    # (tests/course/test_written_answers.py): it flags a wrong shape, not a wrong value.
     value_only = CHAPTERS[chapter].exercise(exercise).kind == "answer" and name != "answer-wrong-shape"
     check_buggy(chapter, exercise, src, words, self_check=not value_only)
 
