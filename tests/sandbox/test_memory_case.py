@@ -322,7 +322,7 @@ threading.Thread(target=_relay, daemon=True).start()
 '''
 
 
-@needs_bwrap
+@pytest.mark.needs_bwrap
 def test_no_process_of_the_student_runs_beside_the_capped_child(tmp_path):
     """`grade` runs two chapters at once: the memory case runs before any other chapter of the
     student starts, so another chapter's child (uncapped, same /tmp) cannot compute it for the
