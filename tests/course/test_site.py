@@ -369,7 +369,10 @@ def server(site):
     httpd.server_close()
 
 
-@pytest.fixture(scope="session")
+# One browser for this module, closed when it ends: Playwright's sync API runs an event loop
+# while it is open, and any later test that opens it (unit/test_class_report.py, which runs
+# after course/) would fail with "using Playwright Sync API inside the asyncio loop".
+@pytest.fixture(scope="module")
 def browser():
     try:
         from playwright.sync_api import sync_playwright
