@@ -146,11 +146,19 @@ def move_module(module: torch.nn.Module, device: str, dtype: torch.dtype) -> Non
     for sub in module.modules():
         for key, p in sub._parameters.items():
             if p is not None:
-                moved = _move(p.detach(), device, dtype if p.is_floating_point() else None)
+                moved = _moved_twin(p.detach(), device, dtype if p.is_floating_point() else None)
                 sub._parameters[key] = torch.nn.Parameter(moved, requires_grad=p.requires_grad)
         for key, b in sub._buffers.items():
             if b is not None:
-                sub._buffers[key] = _move(b, device, dtype if b.is_floating_point() else None)
+                sub._buffers[key] = _moved_twin(b, device, dtype if b.is_floating_point() else None)
+
+
+def _moved_twin(t: torch.Tensor, device, dtype=None) -> torch.Tensor:
+    """`t` moved to `device` on fake CUDA: a real tensor's twin is made with its shape and
+    strides (its values are not needed, and converting them to a fake tensor costs more)."""
+    if is_fake(t) or torch.device(device).type != "cuda":
+        return _move(t, device, dtype)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype if dtype is None else dtype, device=_cuda(device))
 
 
 class _DeviceMoves(TorchFunctionMode):
@@ -215,3 +223,4 @@ class FakeCuda:
         self.fake.__exit__(*exc)
         self.no_grad.__exit__(*exc)
         return False
+

@@ -380,10 +380,8 @@ def _execute(target, call: Call, reraise: tuple) -> Outcome:
     start = time.perf_counter()
     seen: set = set()
     out = Outcome()
-    fake = FakeCuda() if call.device == FAKE_CUDA else _Nothing()
     try:
-        with fake:
-            _run(target, call, reraise, device, dtype, seen, out)
+        _run(target, call, reraise, device, dtype, seen, out)
     except reraise:
         raise
     except BaseException as e:  # student code may raise anything, SystemExit included
@@ -399,10 +397,28 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
     """The body of `_execute`: fills `out` (returns early with it on a module that cannot be used)."""
     _seed(call.seed, call.device)
     fake = call.device == FAKE_CUDA
+    module = None
+    if call.init is not None and fake and not call.as_default:
+        # On fake CUDA the module is built and loaded on the CPU, then moved, as a run on a GPU
+        # does (and as fast: fake tensors' Python dispatch of every init op cost more than the call).
+        module = _build_module(target, call, "cpu", dtype, seen, out)
+        if module is None:
+            return out
+    with FakeCuda() if fake else _Nothing():
+        if module is not None:
+            move_module(module, device, dtype)
+        return _call(target, module, call, device, dtype, seen, out)
+
+
+def _call(target, module, call: Call, device: str, dtype, seen: set, out: Outcome) -> Outcome:
+    """The second half of `_run`, on the call's device: the inputs, the module (unless built
+    already), the call itself, what it returned and what it changed."""
+    fake = call.device == FAKE_CUDA
     args, kwargs, named_inputs, grad_inputs, pristine = _inputs(call, device, dtype, fake)
     fn = target
     if call.init is not None:
-        module = _build_module(target, call, device, dtype, fake, seen, out)
+        if module is None:
+            module = _build_module(target, call, device, dtype, seen, out)
         if module is None:
             return out
         fn = getattr(module, call.method) if call.method else module
@@ -445,10 +461,12 @@ def _inputs(call: Call, device: str, dtype, fake: bool) -> tuple:
     return args, kwargs, named_inputs, grad_inputs, pristine
 
 
-def _build_module(target, call: Call, device: str, dtype, fake: bool, seen: set, out: Outcome):
+def _build_module(target, call: Call, device: str, dtype, seen: set, out: Outcome):
     """The student's nn.Module built with `call.init`, its parameters recorded in `out`, the
     reference weights loaded, and moved to `device`; None where it cannot be used (`out.error`
-    says why)."""
+    says why). On fake CUDA only modules built with CUDA as torch's default device
+    (`Call.as_default`) are built here; the others are built on the CPU (`_run`)."""
+    fake = call.device == FAKE_CUDA and device != "cpu"
     with (_Defaults(device, dtype) if call.as_default else _Nothing()), _Recorder(seen):
         module = target(**call.init)
     if not isinstance(module, torch.nn.Module):
@@ -473,7 +491,7 @@ def _build_module(target, call: Call, device: str, dtype, fake: bool, seen: set,
         module.to(dtype=dtype)  # before loading, so float64 weights are not rounded to float32
     if call.state is not None:
         _load_state(module, call.state, dtype, fake, out)
-    if call.device == FAKE_CUDA:
+    if fake:
         move_module(module, device, dtype)
     else:
         module.to(device=device, dtype=dtype)

@@ -12,10 +12,11 @@ import sys
 
 # Imported before a late privilege drop (fallback as root), for a Python installation that the
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
+# The device check on fake CUDA (runtime/device_check): sympy, and torch._dynamo, which
+# FakeTensorMode() imports for its config (about 1 s together: once, before the chapters fork).
+FAKE_TENSOR_STACK = ("torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor", "torch._dynamo")
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
-             "torch.fx.experimental.symbolic_shapes",  # the device checks need it (sympy)
-             "torch._subclasses.fake_tensor",  # the device check on fake CUDA (device_check),
-             "torch._dynamo",  # whose FakeTensorMode() imports torch._dynamo.config (0.75 s: once, here)
+             *FAKE_TENSOR_STACK,
              "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
              "collections", "typing", "dataclasses", "copy", "json", "time", "socket",
