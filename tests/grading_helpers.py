@@ -25,11 +25,28 @@ def namespace_of(chapter: str, src: str = "") -> dict:
     return ns
 
 
-def grade_in(chapter: str, ns: dict) -> dict:
+def affected_exercises(chapter: str, ns: dict) -> list[str]:
+    """The exercises whose grade a namespace made by `namespace_of` can change: those whose
+    target it redefines, and those that build on them (`Exercise.builds_on`, transitively).
+    Every other exercise is graded on the reference's own object, whose globals are the
+    reference's (so it never calls a redefined name): it scores as the reference does, which
+    tests/chapters/test_references.py grades in full."""
+    ref = load_reference(chapter)
+    changed = {k for k, v in ns.items() if k not in ref or ref[k] is not v}
+    exercises = CHAPTERS[chapter].exercises
+    hit = {ex.name for ex in exercises if ex.target in changed}
+    while True:
+        more = {ex.name for ex in exercises if set(ex.builds_on) & hit} - hit
+        if not more:
+            return [ex.name for ex in exercises if ex.name in hit]
+        hit |= more
+
+
+def grade_in(chapter: str, ns: dict, exercises: list[str] | None = None) -> dict:
     """exercise -> {"score", "max", "first" (first CPU failure or None), "notes", "tests",
-    and per device ("cpu", "fake-cuda"): (score, max)}."""
+    and per device ("cpu", "fake-cuda"): (score, max)}; every exercise, or those given."""
     out = {}
-    for t in GRADER.grade_namespace(CHAPTERS[chapter], ns):
+    for t in GRADER.grade_namespace(CHAPTERS[chapter], ns, exercises):
         e = out.setdefault(t.exercise, {"score": 0.0, "max": 0.0, "first": None, "notes": [], "tests": []})
         e["score"] += t.score
         e["max"] += t.max_score
@@ -60,7 +77,9 @@ def check_buggy(chapter: str, exercise: str, src: str, words: str | None, self_c
     exception, listed in test_selfcheck.SELF_CHECK_MISSES), and, with `words`, one of the hints the
     report shows (those the failing CPU cases give, most shared first) contains them."""
     ns = namespace_of(chapter, src)
-    result = grade_in(chapter, ns)
+    affected = affected_exercises(chapter, ns)
+    assert exercise in affected, f"{src!r} does not redefine {exercise}"
+    result = grade_in(chapter, ns, affected)  # (the others are the reference's own: full marks)
     assert result[exercise]["score"] < result[exercise]["max"], failures(result[exercise])
     if self_check:
         assert exercise in self_check_failures(chapter, ns, [exercise]), "the self-check passes this mistake"
@@ -76,9 +95,11 @@ def check_equivalent(chapter: str, src: str) -> None:
     """A correct but differently written `src` scores full marks on every exercise and passes
     every self-check."""
     ns = namespace_of(chapter, src)
-    for ex, e in grade_in(chapter, ns).items():
+    affected = affected_exercises(chapter, ns)
+    assert affected, f"{src!r} redefines no exercise"
+    for ex, e in grade_in(chapter, ns, affected).items():
         assert full(e), (ex, failures(e))
-    assert not self_check_failures(chapter, ns)
+    assert not self_check_failures(chapter, ns, affected)
 
 
 def full(e: dict) -> bool:
