@@ -1,6 +1,7 @@
-"""A submission's code as a symbol table (`Notebook`): what each top-level name means once every
-cell has run, the classes and their members, and the graded function of an exercise. Read by the
-forbidden-use and in-place checks (`forbidden.py`, `in_place.py`).
+"""A submission's code as a symbol table (`Notebook`), built from its one parse. It holds what
+each top-level name means once every cell has run, the classes and their members, and the
+graded function of an exercise; the forbidden-use and in-place checks read it (`forbidden.py`,
+`in_place.py`).
 
 How a notebook is read. The cells' syntax trees come from `submission.ParsedSubmission` (one
 parse per cell, of the code the grader runs; a cell that does not parse has none: it defines
