@@ -13,8 +13,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections.abc import Iterable
 from functools import cached_property
-from typing import Iterable
 
 from .notebook import capped_cells, notebook_cells, to_python
 from .symbols import Notebook
@@ -30,19 +30,19 @@ class ParsedSubmission:
         self.path = path
 
     @classmethod
-    def read(cls, path: str | os.PathLike, root=None) -> "ParsedSubmission":
+    def read(cls, path: str | os.PathLike, root=None) -> ParsedSubmission:
         """The notebook at `path` (`notebook_cells`). Raises NotebookError, as it does."""
         return cls(notebook_cells(path, root), path)
 
     @classmethod
-    def from_raw(cls, sources: Iterable[str] | None) -> "ParsedSubmission":
+    def from_raw(cls, sources: Iterable[str] | None) -> ParsedSubmission:
         """Cells as a notebook file holds them (IPython syntax, any size), made what the grader
         runs, as `read` does."""
         raw = [s if isinstance(s, str) else "" for s in (sources or ())]
         return cls([to_python(s) for s in capped_cells(raw)])
 
     @classmethod
-    def of(cls, cells) -> "ParsedSubmission":
+    def of(cls, cells) -> ParsedSubmission:
         """`cells` itself when already parsed, else the cells as they run (a list of str)."""
         return cells if isinstance(cells, cls) else cls(cells)
 

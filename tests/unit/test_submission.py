@@ -38,8 +38,8 @@ def test_every_reader_shares_one_parse_of_each_cell(parses):
     """The static checks, the trust checks and the identical-code flags read the same trees:
     three readers, one `ast.parse` per cell (each parsed its own copy before)."""
     cells = ["import torch\n", "class ShapeError(ValueError):\n    pass\n",
-             "def softmax(x, dim=-1):\n    if x.dim() == 0:\n        raise ShapeError('0-d')\n"
-             "    return torch.softmax(x, dim)\n", "def broken(:\n"]
+             ("def softmax(x, dim=-1):\n    if x.dim() == 0:\n        raise ShapeError('0-d')\n"
+              "    return torch.softmax(x, dim)\n"), "def broken(:\n"]
     source = ParsedSubmission(cells)
     assert findings(source, CHAPTERS[CH1])["softmax"].forbidden_names == {"softmax"}
     claim = {"type": "ShapeError", "message": "0-d", "where": "<cell 3>, line 3, in softmax: raise ShapeError('0-d')"}
