@@ -204,7 +204,7 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
     except Exception as e:
         chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
     data = {"chapters": [_capped_plain(SubmissionResult("", [c]).to_plain()["chapters"][0]) for c in chapters],
-            "source": source_flags(todo)}
+            "source": source_flags(Grader.graded_sources(chapters))}
     atomic.write_text(os.path.join(spool, key + ".json"), _shrunk(data))
     return key
 

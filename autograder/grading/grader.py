@@ -36,10 +36,10 @@ from .diagnose import point_to_failing_foundations
 
 
 def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: list[str], seed: int,
-                  quick: bool = False, exercises: list[str] | None = None, cells: list[str] | None = None
+                  quick: bool = False, exercises: list[str] | None = None, cells=None
                   ) -> list[TestResult]:
-    """Every exercise of a chapter; with the notebook's `cells`, the static check of its source
-    too (`source/findings.py`)."""
+    """Every exercise of a chapter; with the notebook's `cells` (its `ParsedSubmission`, or the
+    cells as they run), the static check of its source too (`source/findings.py`)."""
     static, notebook = _static_findings(chapter, cells, seed, quick)
     tests = []
     for ex in chapter.exercises:
@@ -49,16 +49,18 @@ def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: lis
     return tests
 
 
-def _static_findings(chapter: Chapter, cells: list[str] | None, seed: int, quick: bool) -> tuple[dict, object]:
-    """exercise -> `findings.ExerciseFindings` of the notebook's source, and the parsed
-    notebook ({} and None without cells, or if the check itself fails: it never costs a grade)."""
+def _static_findings(chapter: Chapter, cells, seed: int, quick: bool) -> tuple[dict, object]:
+    """exercise -> `findings.ExerciseFindings` of the notebook's source, and its
+    `ParsedSubmission` ({} and None without cells, or if the check itself fails: it never costs
+    a grade)."""
     if cells is None:
         return {}, None
-    from ..source import in_place, symbols
+    from ..source import in_place
     from ..source.findings import findings as static_findings
+    from ..source.submission import ParsedSubmission
 
     try:
-        notebook = symbols.parse(cells)
+        notebook = ParsedSubmission.of(cells)
         calls = [c for ex in chapter.exercises for c in REFERENCES.cases(chapter.id, ex.name, seed, quick)]
         return static_findings(notebook, chapter, in_place.tensor_params_from_cases(calls, notebook)), notebook
     except Exception:
@@ -103,8 +105,9 @@ class Grader:
         """chapter id -> its memory cases, already run, for every submitted chapter that has
         some: before any other chapter of the student starts, so that no process of theirs
         runs beside the capped child (one that could compute for it, through /tmp, beyond its
-        cap). A notebook that cannot be read is left to its chapter's grading to report."""
-        from ..source.notebook import notebook_cells
+        cap). Their cells are the notebook's `ParsedSubmission`, which its chapter's grading
+        reads from them. A notebook that cannot be read is left to that grading to report."""
+        from ..source.submission import ParsedSubmission
 
         first = {}
         for chapter_id, notebook in todo:
@@ -113,7 +116,7 @@ class Grader:
                                            REFERENCES.cases(chapter_id, ex.name, self.seed, self.quick)):
                 continue
             try:
-                memory = self.memory_cases(notebook_cells(notebook), chapter, sandboxes, deadline)
+                memory = self.memory_cases(ParsedSubmission.read(notebook), chapter, sandboxes, deadline)
                 memory.run_first()
             except Exception:  # (not fatal: the chapter runs them itself then)
                 continue
@@ -122,13 +125,14 @@ class Grader:
 
     def grade_notebook(self, path: Path, chapter: Chapter, sandboxes=None, deadline: float | None = None,
                        memory=None) -> ChapterResult:
-        from ..source.notebook import NotebookError, notebook_cells
+        from ..source.notebook import NotebookError
+        from ..source.submission import ParsedSubmission
         from ..session.student_session import StudentSession
 
         start = time.perf_counter()
         result = ChapterResult(chapter.id, str(path))
-        try:
-            cells = notebook_cells(path)
+        try:  # (read and parsed once, for every check of its code: `ParsedSubmission`)
+            cells = ParsedSubmission.of(memory.cells) if memory is not None else ParsedSubmission.read(path)
         except NotebookError as e:
             result.notes.append(str(e))
             result.not_graded = str(e)
@@ -153,6 +157,7 @@ class Grader:
             note = _other_chapter_note(chapter, defined) if "defined" in info else None
             if note:
                 result.notes.append(note)
+        result.source = cells  # (for the class report's flags: `graded_sources`)
         result.seconds = time.perf_counter() - start
         return result
 
@@ -243,10 +248,19 @@ class Grader:
     @staticmethod
     def assemble(result: SubmissionResult, chapters: list[ChapterResult], seconds: float) -> SubmissionResult:
         result.chapters = list(chapters)
+        for ch in result.chapters:  # (a parse is large: held only until `graded_sources` is read)
+            ch.source = None
         modes = {ch.sandbox for ch in result.chapters if ch.sandbox}
         result.sandbox = SandboxMode.FALLBACK if SandboxMode.FALLBACK in modes else next(iter(modes), None)
         result.seconds = seconds
         return result
+
+    @staticmethod
+    def graded_sources(chapters: list[ChapterResult]) -> list[tuple]:
+        """(chapter id, the notebook's `ParsedSubmission` from its grading, or its path where it
+        was not read) for each chapter result, before `assemble`: what the class report's
+        flags read (`report.class_report.identical_to_solutions`, `report.similarity.fingerprints`)."""
+        return [(ch.chapter, ch.source if ch.source is not None else ch.notebook) for ch in chapters]
 
     def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None,
                    sandboxes=None) -> SubmissionResult:
@@ -280,12 +294,11 @@ class Grader:
         return self.assemble(result, done, time.perf_counter() - start)
 
 
-def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells: list[str], info: dict) -> None:
+def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells, info: dict) -> None:
     """A name the notebook does not define because the cell that defines it failed (a
     SyntaxError, an error raised before the definition, a timeout): that cell's error goes into
-    the exercise's own note too, not only among the notebook's notes above its table."""
-    import re
-
+    the exercise's own note too, not only among the notebook's notes above its table.
+    cells: the notebook's `ParsedSubmission` (which cell defines a name: `defining_cells`)."""
     failed = {c.get("cell"): c.get("message") or c.get("status") for c in info.get("cells", [])
               if c.get("status") not in (None, "ok", "skipped")}
     if not failed:
@@ -294,10 +307,7 @@ def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells: list[s
         first = t.cases[0] if t.cases else None
         if not (t.note and first is not None and first.aspect == "missing"):
             continue
-        name = re.escape(chapter.exercise(t.exercise).target)
-        defines = re.compile(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{name}\b|^{name}[ \t]*(?::[^=\n]*)?=(?!=)",
-                             re.MULTILINE)
-        where = [n for n in sorted(failed) if isinstance(n, int) and 0 < n <= len(cells) and defines.search(cells[n - 1])]
+        where = [n for n in cells.defining_cells(chapter.exercise(t.exercise).target) if n in failed]
         if where:
             t.note += f" It is defined in cell {where[-1]}, which failed: {failed[where[-1]]}"
 

@@ -81,6 +81,9 @@ class ChapterResult:
     sandbox: SandboxMode | None = None           # how the notebook ran (None: it did not run)
     error: str | None = None                     # why its grading could not finish (a grader fault)
     not_graded: str | None = None                # why the notebook could not be read (the student's)
+    # The notebook's `source.submission.ParsedSubmission` while its grading is in memory (set
+    # by `Grader.grade_notebook`, dropped by `Grader.assemble`); not a field: never saved or copied.
+    source = None
 
     @property
     def score(self) -> float:

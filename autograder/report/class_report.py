@@ -47,11 +47,12 @@ compared = similarity.compared
 
 def identical_to_solutions(todo) -> list[list[str]]:
     """[chapter, exercise] for each exercise whose code in the student's notebooks (`todo`:
-    (chapter id, notebook path or None) pairs, as `Grader.plan` gives) equals the published
+    (chapter id, notebook) pairs, as `Grader.plan` or `Grader.graded_sources` gives them: a
+    notebook's path, its `ParsedSubmission` or None) equals the published
     solution's once comments, docstrings, formatting and the names of local variables are set
     aside (`similarity.normalised`). Reads the notebooks as data (never runs them); a notebook
     it cannot read flags nothing."""
-    from ..source.notebook import notebook_cells
+    from ..source.submission import parsed
 
     out = []
     for chapter, notebook in todo:
@@ -59,7 +60,7 @@ def identical_to_solutions(todo) -> list[list[str]]:
             continue
         try:
             solution = similarity.solution_dumps(chapter)
-            defs = similarity.definitions(notebook_cells(notebook))
+            defs = similarity.definitions(parsed(notebook))
         except Exception:  # (an unreadable notebook: its grading says why)
             continue
         for ex in CHAPTERS[chapter].exercises:

@@ -23,6 +23,7 @@ from collections import defaultdict
 from functools import lru_cache
 
 from ..shared.contract import CHAPTERS
+from ..source.submission import ParsedSubmission, parsed
 
 THRESHOLD = 0.9   # Jaccard index of the token 4-grams at or above which a pair is listed
 SHINGLE = 4
@@ -32,18 +33,10 @@ MAX_TOKENS = 20_000  # kept of one exercise (a student's huge cell must not make
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def definitions(sources: list[str]) -> dict:
-    """Top-level function and class definitions by name (the last one wins, as when run)."""
-    defs = {}
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                defs[node.name] = node
-    return defs
+def definitions(notebook) -> dict:
+    """Top-level function and class definitions by name (the last one wins, as when run), of a
+    notebook's `ParsedSubmission` (or of its cells as they run)."""
+    return {name: node for name, (_, node) in ParsedSubmission.of(notebook).definitions.items()}
 
 
 def exercise_node(defs: dict, ex):
@@ -185,18 +178,16 @@ def _stubs(chapter: str) -> dict:
 
 def fingerprints(todo) -> dict[str, str]:
     """"chapter: exercise" -> the exercise's token stream (space-separated) for every compared
-    exercise of the student's notebooks (`todo`: (chapter id, notebook path or None) pairs) that
-    is long enough, not the released stub and not the published solution (flagged as such on
-    its own: every copy of it would pair with every other). Reads the notebooks as data; a
-    notebook it cannot read gives nothing."""
-    from ..source.notebook import notebook_cells
-
+    exercise of the student's notebooks (`todo`: (chapter id, notebook) pairs, a notebook being
+    its `ParsedSubmission`, its path or None) that is long enough, not the released stub and not
+    the published solution (flagged as such on its own: every copy of it would pair with every
+    other). Reads the notebooks as data; a notebook it cannot read gives nothing."""
     out = {}
     for chapter, notebook in todo:
         if notebook is None or chapter not in CHAPTERS:
             continue
         try:
-            defs = definitions(notebook_cells(notebook))
+            defs = definitions(parsed(notebook))
             stubs = _stubs(chapter)
             solution = solution_dumps(chapter)
         except Exception:  # (an unreadable notebook: its grading says why)

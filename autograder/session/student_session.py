@@ -36,6 +36,7 @@ from ..shared import wire
 from ..shared.calls import Call, ErrorKind, Outcome
 from .channel import Budget, Capture, Channel, poll_wait
 from .trust import expected_error_credible, plain_error, traceback_in_source, validated
+from ..source.submission import ParsedSubmission
 from ..sandbox.processes import Child
 from ..sandbox.limits import Limits
 from ..sandbox.warm import SandboxDied
@@ -64,7 +65,8 @@ class StudentSession:
     """One student's notebook, running in a sandboxed child process. Thread-safe per instance.
 
     Args:
-        cells: the notebook's code cells, in order (see `autograder.source.notebook.notebook_cells`).
+        cells: the notebook's code cells, in order (see `autograder.source.notebook.notebook_cells`),
+            or its `ParsedSubmission`.
         limits: time, memory and size limits; default `Limits.from_env()`.
         sandbox: a `SandboxChoice` made at the entry point, or "auto", "bubblewrap", "container"
             or "none" to decide here (`resolve_sandbox`; forcing a mode that cannot work here
@@ -78,7 +80,8 @@ class StudentSession:
     def __init__(self, cells: list[str], limits: Limits | None = None, sandbox: str = "auto",
                  hide=(), sandboxes: SandboxPool | None = None, memory_capped: bool = False,
                  deadline: float | None = None):
-        self.cells = [c if isinstance(c, str) else "" for c in cells]
+        self.source = ParsedSubmission.of(cells)  # (its parse, made where the trust checks need it)
+        self.cells = list(self.source.cells)
         self.limits = limits or Limits.from_env()
         # memory cases: every child's RLIMIT_DATA is limits.memory_case above its start
         self._headroom = self.limits.memory_case if memory_capped else 0
@@ -438,7 +441,7 @@ class StudentSession:
             return Outcome.failure("Crash", f"{name} reported an error whose traceback does not "
                                    "match the notebook's code")
         if call.expect_error and outcome.error and ErrorKind.of(outcome.error) is None and \
-                not expected_error_credible(outcome.error, call.expect_error, self.cells, call.target):
+                not expected_error_credible(outcome.error, call.expect_error, self.source, call.target):
             # the child's claim of the error is not believed: its kind is what the
             # notebook's own raise statement says, nothing more
             outcome.error["mro"] = [outcome.error.get("type", "")]

@@ -1,18 +1,19 @@
 """What a chapter's child reports, checked before the grader believes any of it.
 
 The child is untrusted: every field is checked for type, strings are capped, and only plain
-tensors (the `wire` decoder's own) are accepted.
+tensors (the `wire` decoder's own) are accepted. What it says about the notebook's code is
+checked against the notebook's own parse (`source.submission.ParsedSubmission`, the one the
+grader's other checks read).
 """
 from __future__ import annotations
 
-import ast
-import functools
 import re
 from dataclasses import fields
 
 import torch
 
 from ..shared.calls import Outcome
+from ..source.submission import ParsedSubmission
 
 _OUTCOME_FIELDS = {f.name for f in fields(Outcome)}
 _MAX_TEXT = 20_000  # longest string accepted in an Outcome from the child
@@ -131,11 +132,12 @@ def _params(params) -> dict:
 _CELL_FRAME = re.compile(r"^<cell (\d+)>, line (\d+), in [^:]*: (.*)$")
 
 
-def traceback_in_source(error: dict | None, cells: list[str]) -> bool:
+def traceback_in_source(error: dict | None, cells) -> bool:
     """Whether an error's traceback (`execute.student_frames`: "<cell N>, line L, in f: text")
     could have come from the notebook the grader sent: every frame it places in a cell names a
     line that exists there with that text. A forged error that cites code the student never
-    wrote is refused (the child is believed about nothing the grader can check itself)."""
+    wrote is refused (the child is believed about nothing the grader can check itself).
+    cells: the cells as they run, or their `ParsedSubmission`."""
     if not error or not error.get("where"):
         return True
     for line in error["where"].splitlines():
@@ -156,34 +158,6 @@ def _innermost_cell_frame(where: str) -> tuple[int, str] | None:
     return (int(frames[-1][1]), frames[-1][3].strip()) if frames else None
 
 
-@functools.lru_cache(maxsize=4)
-def _parsed(cells: tuple[str, ...]) -> tuple[ast.Module | None, ...]:
-    """Each cell's syntax tree (None where it does not parse), parsed once per notebook: every
-    case that expects an error asks about the same cells. Only the last few notebooks are kept
-    (a notebook may be large). Read only, never changed."""
-    def parse(source: str) -> ast.Module | None:
-        try:
-            return ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return None
-    return tuple(parse(source) for source in cells)
-
-
-@functools.lru_cache(maxsize=4)
-def _notebook_classes(cells: tuple[str, ...]) -> dict[str, list[str]]:
-    """Class name -> the names of its bases, for the classes the notebook defines (the caller
-    only reads it)."""
-    classes = {}
-    for tree in _parsed(cells):
-        if tree is None:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                classes[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
-                                      for b in node.bases]
-    return classes
-
-
 def _is_a(type_name: str, expected: str, classes: dict, depth: int = 0) -> bool:
     """Whether the exception class `type_name` is (a subclass of) `expected`, judged from
     Python's own built-in classes and the notebook's class definitions, never from the mro the
@@ -200,39 +174,38 @@ def _is_a(type_name: str, expected: str, classes: dict, depth: int = 0) -> bool:
     return any(_is_a(base, expected, classes, depth + 1) for base in classes[type_name])
 
 
-def _definition_span(cells: list[str], name: str) -> tuple[int, int, int] | None:
+def _definition_span(source: ParsedSubmission, name: str) -> tuple[int, int, int] | None:
     """(cell number, first line, last line) of the notebook's last top-level definition of
     `name` (cells run top to bottom: the last one is what is graded)."""
-    span = None
-    for number, tree in enumerate(_parsed(tuple(cells)), 1):
-        if tree is None:
-            continue
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-                span = (number, node.lineno, node.end_lineno or node.lineno)
-    return span
+    found = source.definitions.get(name)
+    if found is None:
+        return None
+    number, node = found
+    return number, node.lineno, node.end_lineno or node.lineno
 
 
-def expected_error_credible(error: dict, expected: str, cells: list[str], target: str | None = None) -> bool:
+def expected_error_credible(error: dict, expected: str, cells, target: str | None = None) -> bool:
     """Whether an error the case asks for (`Call.expect_error`) was raised by the student's own
     code, as far as the grader can tell from the notebook it sent: the traceback names lines
     of the notebook (`traceback_in_source`), the innermost of them is a `raise` of that
     exception's class, and that class is `expected` or a subclass (Python's built-ins, or a
     class the notebook defines), and one of its lines lies in the definition of `target` (the
-    graded function or class). A child that only claims the error fails the case."""
+    graded function or class). A child that only claims the error fails the case.
+    cells: the notebook's `ParsedSubmission` (or its cells as they run)."""
+    source = ParsedSubmission.of(cells)
     where = error.get("where") or ""
     frame = _innermost_cell_frame(where)
     type_name = str(error.get("type", ""))
-    if frame is None or not traceback_in_source(error, cells):
+    if frame is None or not traceback_in_source(error, source):
         return False
     _, text = frame
     # (a `raise` anywhere on the line: `if h % n: raise ValueError(...)` is a raise too)
     if not (re.search(r"\braise\b", text) and re.search(rf"\b{re.escape(type_name)}\b", text)):
         return False
-    if not _is_a(type_name, expected, _notebook_classes(tuple(cells))):
+    if not _is_a(type_name, expected, source.class_bases):
         return False
     if target is None:
         return True
-    span = _definition_span(cells, target)
+    span = _definition_span(source, target)
     frames = [(int(m[1]), int(m[2])) for m in map(_CELL_FRAME.match, where.splitlines()) if m]
     return span is not None and any(n == span[0] and span[1] <= line <= span[2] for n, line in frames)

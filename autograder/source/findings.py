@@ -9,13 +9,15 @@ checks the same properties here, in its own process, where the student cannot re
 Pure and cheap (a few milliseconds per notebook): nothing is executed, imported or written.
 Every public function never raises; on input it cannot make sense of it reports nothing.
 
-The parse is `symbols.py`; the two analyses are `forbidden.py` and `in_place.py`."""
+The parse is `submission.py` (its symbol table `symbols.py`); the two analyses are
+`forbidden.py` and `in_place.py`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..shared.contract import Chapter
-from .symbols import Notebook, parse
+from .symbols import Notebook
+from .submission import ParsedSubmission
 from .forbidden import ForbiddenScope, forbidden_names
 from .in_place import inplace_findings
 
@@ -49,8 +51,8 @@ EMPTY = ExerciseFindings()
 def findings(cells, chapter: Chapter, tensor_params: dict | None = None) -> dict[str, ExerciseFindings]:
     """exercise name -> ExerciseFindings, for every exercise of `chapter`.
 
-    cells: the notebook's code cells (as `notebook.notebook_cells` gives them) or a `Notebook`
-        from `parse`.
+    cells: the notebook's `submission.ParsedSubmission`, or its code cells as they run (as
+        `notebook.notebook_cells` gives them).
     tensor_params: exercise -> method (None for a function / a module's forward) -> the
         parameters that receive tensors (`tensor_params_from_cases`); exercises it leaves out
         get no in-place check.
@@ -62,9 +64,9 @@ def findings(cells, chapter: Chapter, tensor_params: dict | None = None) -> dict
     except Exception:
         return out
     try:
-        nb = cells if isinstance(cells, Notebook) else parse(cells)
+        nb = ParsedSubmission.of(cells).symbols
     except Exception:
-        nb = Notebook([])
+        nb = Notebook((), ())
     if not isinstance(tensor_params, dict):
         tensor_params = {}
     for ex in exercises:

@@ -40,7 +40,8 @@ from typing import Iterable
 import torch
 
 from ..shared.calls import Call
-from .symbols import Notebook, COMPREHENSIONS, comprehension_targets, graded_function, local_names, parameter_names, stored_names, parse
+from .symbols import Notebook, COMPREHENSIONS, comprehension_targets, graded_function, local_names, parameter_names, stored_names
+from .submission import ParsedSubmission
 
 
 @dataclass(frozen=True)
@@ -379,10 +380,10 @@ def tensor_params_from_cases(calls: Iterable[Call], cells) -> dict[str, dict[str
     """exercise -> method (None: the function, or a module's forward) -> the parameters of the
     student's signature that receive a tensor in the given Calls (positional arguments by
     position, after `self` for a method; keyword arguments by name). `cells`: the notebook's
-    code cells or a `Notebook` from `parse`. Never raises."""
+    `submission.ParsedSubmission`, or its code cells as they run. Never raises."""
     out: dict = {}
     try:
-        nb = cells if isinstance(cells, Notebook) else parse(cells)
+        nb = ParsedSubmission.of(cells).symbols
         signatures: dict = {}
         for call in calls:
             try:

@@ -1,20 +1,20 @@
-"""A submission's code, parsed once, as a symbol table (`Notebook`): what each top-level name
-means once every cell has run, the classes and their members, and the graded function of an
-exercise. Read by the forbidden-use and in-place checks (`forbidden.py`, `in_place.py`).
+"""A submission's code as a symbol table (`Notebook`), built from its one parse. It holds what
+each top-level name means once every cell has run, the classes and their members, and the
+graded function of an exercise; the forbidden-use and in-place checks read it (`forbidden.py`,
+`in_place.py`).
 
-How a notebook is read. Each code cell is parsed on its own with `ast` (a cell with IPython
-syntax that does not parse as it is gets `notebook.to_python` first, as the grader runs it; a
-cell that still does not parse is skipped: it defines nothing when the grader runs it either).
-The cells' top-level bindings (def, class, import, assignment, ...) are taken in order, so a
-name means what its *last* binding made it, as the graded namespace holds it once every cell
-has run; expressions evaluated when a definition runs (decorators, default values, base
-classes) see the bindings made before it."""
+How a notebook is read. The cells' syntax trees come from `submission.ParsedSubmission` (one
+parse per cell, of the code the grader runs; a cell that does not parse has none: it defines
+nothing when the grader runs it either). The cells' top-level bindings (def, class, import,
+assignment, ...) are taken in order, so a name means what its *last* binding made it, as the
+graded namespace holds it once every cell has run; expressions evaluated when a definition runs
+(decorators, default values, base classes) see the bindings made before it."""
 from __future__ import annotations
 
 import ast
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Sequence
 
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -58,11 +58,12 @@ class ClassInfo:
 
 
 class Notebook:
-    """A notebook's code cells, parsed once (see `parse`)."""
+    """The symbol table of a notebook's cells (`submission.ParsedSubmission.symbols`)."""
 
-    def __init__(self, cells: Iterable[str]):
-        self.lines: list[list[str]] = []        # per cell (index = cell number - 1)
-        self.trees: list[ast.Module | None] = []
+    def __init__(self, trees: Sequence[ast.Module | None], lines: Sequence[list[str]]):
+        """trees: each cell's syntax tree (None: it does not parse); lines: each cell's lines."""
+        self.lines: list[list[str]] = list(lines)  # per cell (index = cell number - 1)
+        self.trees: list[ast.Module | None] = list(trees)
         self.bindings: dict[str, list[Binding]] = {}
         self.stars: list[Binding] = []
         self.classes: list[ClassInfo] = []
@@ -70,10 +71,7 @@ class Notebook:
         self.member_names: set[str] = set()      # what the student's classes define
         self.false_names: frozenset = frozenset()  # top-level flags only ever set to False
         self._order = 0
-        for number, source in enumerate(cells if cells is not None else (), 1):
-            tree, lines = _parse_cell(source)
-            self.trees.append(tree)
-            self.lines.append(lines)
+        for number, tree in enumerate(self.trees, 1):
             if tree is not None:
                 try:
                     for stmt in _statements(tree.body):
@@ -256,36 +254,6 @@ class Notebook:
         except (IndexError, TypeError):
             return ""
         return text if len(text) <= 120 else text[:117] + "..."
-
-
-def parse(cells: Iterable[str]) -> Notebook:
-    """The notebook's code cells (as `notebook.notebook_cells` gives them; raw cells work too),
-    parsed once for `findings` and `tensor_params_from_cases`. Never raises."""
-    try:
-        return Notebook(list(cells) if cells is not None else [])
-    except Exception:
-        return Notebook([])
-
-
-def _parse_cell(source) -> tuple[ast.Module | None, list[str]]:
-    if not isinstance(source, str):
-        return None, []
-    for attempt in (0, 1):
-        text = source
-        if attempt:
-            try:
-                from .notebook import to_python
-
-                text = to_python(source)
-            except Exception:
-                return None, []
-            if text == source:
-                return None, []
-        try:
-            return ast.parse(text), text.splitlines()
-        except Exception:  # SyntaxError, ValueError (null bytes), RecursionError, MemoryError
-            continue
-    return None, []
 
 
 def _is_false(test) -> bool:

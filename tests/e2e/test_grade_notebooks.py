@@ -214,3 +214,46 @@ def test_a_grader_fault_zeroes_that_chapter_only_and_says_so(monkeypatch):
     assert by[CH2].score == 0
     assert any("internal grader error (RuntimeError: boom)" in n for n in by[CH2].notes)
     assert all("grader error: RuntimeError: boom" in t.note for t in by[CH2].tests)
+
+
+def test_a_notebook_is_read_and_parsed_once_for_every_check_of_its_code(tmp_path, monkeypatch):
+    """Chapter 3's solution with a SyntaxError in fixed_heads_attention's cell, graded as batch
+    grades a student (`grade_planned`, then the class report's flags): the static checks, the
+    trust checks of MultiHeadAttention's required ValueError, the diagnosis of the missing name
+    and the identical-code and similarity flags all read one `ParsedSubmission`: each cell is
+    parsed once (each reader parsed its own copy before), and the diagnosis still points at
+    the cell with the SyntaxError."""
+    import ast
+    from collections import Counter
+
+    from autograder.report import class_report, similarity
+    from autograder.source.submission import ParsedSubmission
+
+    ch3 = "03_multi_head_attention"
+    nb = nbformat.read(REPO / "solutions" / f"{ch3}.ipynb", as_version=4)
+    broken = next(c for c in nb.cells if c.source.startswith("def fixed_heads_attention("))
+    broken.source = broken.source.replace("(q, k, v, num_heads)", "(q, k, v num_heads)", 1)
+    path = tmp_path / f"{ch3}.ipynb"
+    nbformat.write(nb, path)
+    cells = ParsedSubmission.read(path).cells
+    for flags in (class_report.identical_to_solutions, similarity.fingerprints):
+        flags([(ch3, ParsedSubmission([]))])  # (the published solution's own parse, cached)
+    parsed, real = Counter(), ast.parse
+
+    def counting(source, *args, **kwargs):
+        parsed[source] += 1
+        return real(source, *args, **kwargs)
+    monkeypatch.setattr(ast, "parse", counting)
+
+    grader = Grader(device="cpu")
+    _, todo = grader.plan(path)
+    chapters = [grader.grade_planned(chapter, notebook) for chapter, notebook in todo]
+    sources = Grader.graded_sources(chapters)
+    identical = class_report.identical_to_solutions(sources)
+    similarity.fingerprints(sources)
+    assert {source: parsed[source] for source in cells} == Counter(cells)
+    assert [ch3, "MultiHeadAttention"] in identical
+    tests = {(t.exercise, t.device): t for t in chapters[0].tests}
+    number = cells.index(next(c for c in cells if c.startswith("def fixed_heads_attention("))) + 1
+    assert f"It is defined in cell {number}, which failed: SyntaxError" in tests["fixed_heads_attention", "cpu"].note
+    assert tests["MultiHeadAttention", "cpu"].score == tests["MultiHeadAttention", "cpu"].max_score

@@ -60,10 +60,10 @@ def test_a_required_error_is_believed_only_from_a_raise_in_the_graded_code():
 
 
 def test_a_classmates_exception_class_is_not_believed_from_the_parse_cache():
-    """The grader parses each notebook once for these checks (child_report._parsed, kept for the
-    last few notebooks a worker graded). A student whose notebook raises `ShapeError` without
-    making it a ValueError must not borrow the class of a classmate graded just before, whose
-    notebook has the same raise line and `class ShapeError(ValueError)`."""
+    """The grader parses each notebook once for these checks (its `ParsedSubmission`, which a
+    worker may have held for a classmate just before). A student whose notebook raises
+    `ShapeError` without making it a ValueError must not borrow the class of a classmate graded
+    just before, whose notebook has the same raise line and `class ShapeError(ValueError)`."""
     from autograder.session.trust import expected_error_credible
 
     graded = "def f(x):\n    raise ShapeError('bad x')\n"
@@ -71,7 +71,7 @@ def test_a_classmates_exception_class_is_not_believed_from_the_parse_cache():
     student = ["import torch\n", "class ShapeError(RuntimeError):\n    pass\n", graded]
     claim = {"type": "ShapeError", "mro": ["ShapeError", "ValueError"], "message": "bad x",
              "where": "<cell 3>, line 2, in f: raise ShapeError('bad x')"}
-    for _ in range(2):  # (the second round is answered from the cache)
+    for _ in range(2):  # (as a worker grading them in turn does)
         assert expected_error_credible(claim, "ValueError", classmate, "f")
         assert not expected_error_credible(claim, "ValueError", student, "f")
         assert not expected_error_credible(claim, "ValueError", student[::2], "f")  # no class at all

@@ -19,7 +19,7 @@ from autograder.shared.contract import CHAPTERS
 from autograder.source.notebook import notebook_cells
 from autograder.references.solutions import REPO_DIR, load_reference
 from autograder.source.findings import ExerciseFindings, findings
-from autograder.source.symbols import Notebook, parse
+from autograder.source.submission import ParsedSubmission
 from autograder.source.forbidden import forbidden_names
 from autograder.source.in_place import tensor_params_from_cases
 
@@ -44,7 +44,7 @@ def check(chapter: str, *cells: str) -> dict[str, ExerciseFindings]:
     """The findings for a notebook of these cells (after a cell of imports), with the tensor
     parameters derived from the chapter's real cases, as the grader does."""
     sources = [IMPORTS, *(textwrap.dedent(c) for c in cells)]
-    nb = parse(sources)
+    nb = ParsedSubmission.from_raw(sources)
     return findings(nb, CHAPTERS[chapter], tensor_params_from_cases(chapter_calls(chapter), nb))
 
 
@@ -325,7 +325,7 @@ def test_chapter_6_methods_attached_with_add_to_class():
             o = o.transpose(-3, -2)
             return self.linear_o(o.reshape(*o.shape[:-2], self.N_head * self.c).movedim(-2, self.attn_dim))
         """
-    nb = parse([*cells, textwrap.dedent(forward)])
+    nb = ParsedSubmission.from_raw([*cells, textwrap.dedent(forward)])
     result = findings(nb, CHAPTERS[CH6], tensor_params_from_cases(chapter_calls(CH6), nb))
     assert flagged(result) == {"MultiHeadAttention": {"scaled_dot_product_attention"}}
     # ... and a helper method that prepare_qkv calls counts for prepare_qkv.
@@ -340,7 +340,7 @@ def test_chapter_6_methods_attached_with_add_to_class():
             t = t.movedim(self.attn_dim, -2)
             return t.view(*t.shape[:-1], self.N_head, self.c).transpose(-3, -2)
         """
-    nb = parse([*cells, textwrap.dedent(helper)])
+    nb = ParsedSubmission.from_raw([*cells, textwrap.dedent(helper)])
     result = findings(nb, CHAPTERS[CH6], tensor_params_from_cases(chapter_calls(CH6), nb))
     assert flagged(result) == {"prepare_qkv": {"scaled_dot_product_attention"},
                                "MultiHeadAttention": {"scaled_dot_product_attention"}}
@@ -385,7 +385,7 @@ def test_chapter_8_transformer_layers():
                 causal = Transformer.generate_square_subsequent_mask(L)  # imported from torch.nn
                 return self.layer(x, src_mask=causal), None
         """
-    nb = parse([*cells, "from torch.nn import Transformer\n", textwrap.dedent(block)])
+    nb = ParsedSubmission.from_raw([*cells, "from torch.nn import Transformer\n", textwrap.dedent(block)])
     result = findings(nb, CHAPTERS[CH8], tensor_params_from_cases(chapter_calls(CH8), nb))
     # TinyTransformer builds TransformerBlocks, so it runs the layer too.
     assert flagged(result) == {"TransformerBlock": {"TransformerEncoderLayer"},
@@ -500,14 +500,14 @@ def test_inplace_in_a_chapter_6_method():
                 return t.view(*t.shape[:-1], self.N_head, self.c).transpose(-3, -2)
             return split(q), split(k), split(v)
         """
-    nb = parse([*cells, textwrap.dedent(method)])
+    nb = ParsedSubmission.from_raw([*cells, textwrap.dedent(method)])
     result = findings(nb, CHAPTERS[CH6], tensor_params_from_cases(chapter_calls(CH6), nb))
     assert flagged(result) == {"prepare_qkv": {"inplace:q"}}
     assert result["prepare_qkv"].inplace[0].method == "prepare_qkv"
 
 
 def test_tensor_params_follow_the_students_signature():
-    nb = parse([IMPORTS, textwrap.dedent("""
+    nb = ParsedSubmission.from_raw([IMPORTS, textwrap.dedent("""
         def scaled_dot_product_attention(query, key, value, attn_mask=None):
             return query, None
         """), self_attention()])
@@ -524,7 +524,7 @@ def test_tensor_params_follow_the_students_signature():
 @pytest.mark.parametrize("kind", ["solutions", "exercises"])
 def test_reference_solutions_and_stubs_give_no_findings(chapter, kind):
     cells = notebook_cells(REPO_DIR / kind / f"{chapter}.ipynb")
-    nb = parse(cells)
+    nb = ParsedSubmission.from_raw(cells)
     params = tensor_params_from_cases(chapter_calls(chapter), nb)
     if kind == "solutions":  # the in-place check really looks at the graded functions
         assert params and all(any(v.values()) for ex, v in params.items()
@@ -545,7 +545,7 @@ def test_the_check_is_fast_on_the_solutions():
         python_parse = best_of(5, lambda: ast.parse(source))
 
         def check():
-            nb = parse(cells)
+            nb = ParsedSubmission.from_raw(cells)
             findings(nb, CHAPTERS[chapter], tensor_params_from_cases(calls, nb))
         best = best_of(3, check)
         assert best < max(0.1, 200 * python_parse), (chapter, best, python_parse)
@@ -556,7 +556,7 @@ def test_ports_of_public_code_give_no_findings(port):
     """Correct ports and mistaken ones alike: none of their mistakes is a forbidden built-in or
     an in-place change of an input (tests/ports.py)."""
     cells = [*notebook_cells(REPO_DIR / "solutions" / f"{port.chapter}.ipynb"), textwrap.dedent(port.src)]
-    nb = parse(cells)
+    nb = ParsedSubmission.from_raw(cells)
     result = findings(nb, CHAPTERS[port.chapter], tensor_params_from_cases(chapter_calls(port.chapter), nb))
     assert flagged(result) == {}
 
@@ -567,7 +567,7 @@ def test_port_with_a_forbidden_call_is_found():
     port = next(p for p in PORTS if p.name == "timm Attention")
     src = textwrap.dedent(port.src).replace(
         "attn = (q * self.scale) @ k.transpose(-2, -1)", "attn = F.scaled_dot_product_attention(q, k, v)")
-    nb = parse([*notebook_cells(REPO_DIR / "solutions" / f"{CH3}.ipynb"), src])
+    nb = ParsedSubmission.from_raw([*notebook_cells(REPO_DIR / "solutions" / f"{CH3}.ipynb"), src])
     assert flagged(findings(nb, CHAPTERS[CH3])) == {"MultiHeadSelfAttention": {"scaled_dot_product_attention"}}
 
 
@@ -635,9 +635,8 @@ def test_deep_attribute_chain_is_still_found():
     assert flagged(result) == {"softmax": {"softmax"}}
 
 
-def test_parse_accepts_a_notebook_and_findings_accept_either():
+def test_findings_accept_a_parsed_submission_or_its_cells():
     cells = [IMPORTS, "def softmax(x, dim=-1):\n    return torch.softmax(x, dim)\n"]
-    nb = parse(cells)
-    assert isinstance(nb, Notebook)
+    nb = ParsedSubmission(cells)
     assert findings(cells, CHAPTERS[CH1]) == findings(nb, CHAPTERS[CH1])
     assert not findings(cells, CHAPTERS[CH1])["attention_pool"]
