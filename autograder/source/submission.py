@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from collections.abc import Iterable
 from functools import cached_property
 
@@ -113,7 +114,16 @@ def parsed(notebook) -> ParsedSubmission:
     return notebook if isinstance(notebook, ParsedSubmission) else ParsedSubmission.read(notebook)
 
 
+# Deeply nested code (a chain of 5,000 attributes fits in a capped cell) recurses once per level
+# in ast's conversion and in the symbol table's walks: at Python's default limit (1,000) such a
+# cell would stay unparsed and the static check blind to it. 3,000 frames fit the grader's
+# 8 MiB thread stacks. (jedi, imported with IPython, used to raise it so as a side effect.)
+PARSE_RECURSION_LIMIT = 3000
+
+
 def _parse(source: str) -> ast.Module | None:
+    if sys.getrecursionlimit() < PARSE_RECURSION_LIMIT:
+        sys.setrecursionlimit(PARSE_RECURSION_LIMIT)
     try:
         return ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # (ValueError: null bytes)
