@@ -21,7 +21,7 @@ def child_start(mode: str = "none") -> float:
 
     t0 = time.monotonic()
     with StudentSession(["import torch"], Limits(cell_timeout=600, notebook_timeout=600), sandbox=mode) as s:
-        assert s.start()["cells"][0]["status"] == "ok"
+        assert s.start().cells[0].status == "ok"
     return time.monotonic() - t0
 
 

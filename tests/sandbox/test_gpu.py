@@ -37,7 +37,7 @@ def test_a_child_gets_its_share_of_the_gpu_only():
             "    except torch.OutOfMemoryError:\n"
             "        return x - 1\n")
     with StudentSession([cell], limits=Limits.from_env(gpu_share=0.3)) as s:
-        assert s.start()["error"] is None
+        assert s.start().error is None
         small = s.run(Call("t", "grab", "small", "grab", args=[torch.zeros(1), 0.1]))
         large = s.run(Call("t", "grab", "large", "grab", args=[torch.zeros(1), 0.5]))
     assert small.outputs[0].tolist() == [1.0], small.error

@@ -77,9 +77,9 @@ def test_a_hostile_frame_is_a_crash_of_what_sent_it(name, mode):
     cells = [WRITER, f"send({name!r})", "y = 1"]
     with StudentSession(cells, limits, sandbox=mode) as session:
         report = session.start()
-        statuses = [c["status"] for c in report["cells"]]
-        assert statuses == ["ok", "crash", "ok"], report["cells"]
-        assert "sent the grader malformed data" in report["cells"][1]["message"]
+        statuses = [c.status for c in report.cells]
+        assert statuses == ["ok", "crash", "ok"], report.cells
+        assert "sent the grader malformed data" in report.cells[1].message
     with StudentSession([WRITER], limits, sandbox=mode) as session:
         session.start()
         call = lambda target, *args: session.run(Call(chapter="test", exercise=target, case="hostile",

@@ -92,7 +92,7 @@ def f(x):
 @pytest.mark.parametrize("mode", MODES)
 def test_patched_torch_and_subclasses_do_not_reach_the_grader(mode):
     with session([LIAR], mode) as s:
-        assert s.start()["cells"][0]["status"] == "ok"
+        assert s.start().cells[0].status == "ok"
         out = s.run(call("f", torch.ones(3)))
         t = value(out)
         assert type(t) is torch.Tensor            # a fresh, plain tensor, made from bytes
@@ -352,7 +352,7 @@ def test_daemon_is_gone_after_close(mode):
     cells = [DAEMON_CELL.format(marker=marker)]
     s = session(cells, mode)
     try:
-        assert s.start()["cells"][0]["status"] == "ok"
+        assert s.start().cells[0].status == "ok"
         deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
         while not processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -527,10 +527,10 @@ def test_giant_output_is_capped(mode):
     with session(cells, mode, output_cap=10_000) as s:
         t0 = time.monotonic()
         report = s.start()
-        first = report["cells"][0]
-        assert first["status"] == "ok"
-        assert len(first["output"]) < 10_200 and "more bytes of output not shown" in first["output"]
-        assert report["cells"][1]["status"] == "ok"
+        first = report.cells[0]
+        assert first.status == "ok"
+        assert len(first.output) < 10_200 and "more bytes of output not shown" in first.output
+        assert report.cells[1].status == "ok"
         out = s.run(call("chatter", torch.zeros(1)), timeout=8)
         assert value(out).tolist() == [0.0]
         assert len(s.last_output) < 10_200
@@ -555,23 +555,23 @@ def test_top_level_hazards_cost_only_their_cell(mode):
     baseline = child_start(mode)  # a child's start and close, at the machine's speed now
     with session(cells, mode) as s:
         report = s.start()
-        status = [c["status"] for c in report["cells"]]
-        errors = [(c["error"] or {}).get("type") for c in report["cells"]]
+        status = [c.status for c in report.cells]
+        errors = [(c.error or {}).get("type") for c in report.cells]
         assert status[0] == "ok" and status[-1] == "ok"
-        assert status[1] == "timeout" and "interrupted" in report["cells"][1]["error"]["message"]
+        assert status[1] == "timeout" and "interrupted" in report.cells[1].error["message"]
         assert errors[2:5] == ["SystemExit"] * 3
-        assert status[5] == "timeout" and "could not be interrupted" in report["cells"][5]["error"]["message"]
-        assert status[6] == "crash" and "SIGSEGV" in report["cells"][6]["error"]["message"]
-        assert status[7] == "crash" and "status 0" in report["cells"][7]["error"]["message"]
+        assert status[5] == "timeout" and "could not be interrupted" in report.cells[5].error["message"]
+        assert status[6] == "crash" and "SIGSEGV" in report.cells[6].error["message"]
+        assert status[7] == "crash" and "status 0" in report.cells[7].error["message"]
         assert errors[8] == "SyntaxError"
         if not torch.cuda.is_available():
-            assert status[9] == "error" and ("CUDA" in report["cells"][9]["error"]["message"]
-                                             or "NVIDIA" in report["cells"][9]["error"]["message"])
+            assert status[9] == "error" and ("CUDA" in report.cells[9].error["message"]
+                                             or "NVIDIA" in report.cells[9].error["message"])
         assert value(s.run(call("before", torch.zeros(1)))).tolist() == [1.0]
         assert value(s.run(call("after", torch.zeros(1)))).tolist() == [2.0]
         # 25 s on an idle machine, plus each child this start needed (the hazards kill it) at
         # the speed a start has now
-        assert report["seconds"] < 25 + s.children * baseline, (report["seconds"], s.children, baseline)
+        assert report.seconds < 25 + s.children * baseline, (report.seconds, s.children, baseline)
 
 
 def test_notebook_time_budget_bounds_start():
@@ -584,7 +584,7 @@ def test_notebook_time_budget_bounds_start():
         t0 = time.monotonic()
         report = s.start()
         assert time.monotonic() - t0 < 2.0 + FAST["grace"] + 2 + baseline
-        status = [c["status"] for c in report["cells"]]
+        status = [c.status for c in report.cells]
         assert status[0] == "ok" and status[-1] == "not run"
         assert status.count("ok") <= 2, status
 
@@ -645,7 +645,7 @@ def test_ipython_syntax_keeps_definitions():
     with session([py, to_python("%%timeit -n 3\nz = f(torch.ones(1))\n"),
                   "def h():\n    return z"], "auto") as s:
         report = s.start()
-        assert [c["status"] for c in report["cells"]] == ["ok"] * 3, report
+        assert [c.status for c in report.cells] == ["ok"] * 3, report
         assert value(s.run(call("h"))).tolist() == [2.0]
 
 
@@ -655,8 +655,8 @@ def test_a_broken_notebook_file_end_to_end(tmp_path):
                          ("code", "def g(x):\n    return x - 1")]))
     with session(notebook_cells(path), "auto") as s:
         report = s.start()
-        assert [c["status"] for c in report["cells"]] == ["ok", "error", "ok"]
-        assert report["cells"][1]["error"]["type"] == "SyntaxError"
+        assert [c.status for c in report.cells] == ["ok", "error", "ok"]
+        assert report.cells[1].error["type"] == "SyntaxError"
         assert s.run(call("f", torch.ones(1))).error["type"] == "Missing"
         assert value(s.run(call("g", torch.ones(1)))).tolist() == [0.0]
 
@@ -664,11 +664,11 @@ def test_a_broken_notebook_file_end_to_end(tmp_path):
 def test_mode_is_reported():
     with session(["x = 1"], "none") as s:
         report = s.start()
-        assert report["sandbox"] == "fallback" and "AUTOGRADER_SANDBOX=none" in report["sandbox_note"]
+        assert report.sandbox == "fallback" and "AUTOGRADER_SANDBOX=none" in report.sandbox_note
     if probe_bubblewrap()[0]:
         with session(["x = 1"], "auto") as s:
             report = s.start()
-            assert report["sandbox"] == "bubblewrap" and report["sandbox_note"] == ""
+            assert report.sandbox == "bubblewrap" and report.sandbox_note == ""
 
 
 @pytest.mark.needs_bwrap
