@@ -250,16 +250,17 @@ class Grader:
     def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None,
                    sandboxes=None) -> SubmissionResult:
         """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once, in this
-        student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; made here if None)."""
-        from ..sandbox.modes import SandboxMode, resolve_sandbox
-        from ..sandbox.pool import SandboxPool
+        student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; if None, made and
+        closed here: `sandbox.pool.student_pool`)."""
+        from ..sandbox.modes import resolve_sandbox
+        from ..sandbox.pool import student_pool
 
         start = time.perf_counter()
         result, todo = self.plan(path, chapters)
         jobs = max(1, jobs or self.jobs)
         own = None
-        if sandboxes is None and resolve_sandbox(self.sandbox).mode == SandboxMode.BUBBLEWRAP:
-            sandboxes = own = SandboxPool(self.limits, size=jobs)
+        if sandboxes is None:
+            sandboxes = own = student_pool(resolve_sandbox(self.sandbox), self.limits, size=jobs)
         submitted = [ch for ch, notebook in todo if notebook is not None]
         deadline = self.student_deadline()
         try:

@@ -1,6 +1,9 @@
-"""The grader's end of one child's pipes: messages sent (`Channel.send`) and received
-(`Channel.receive`: a `protocol` message, or a `Lost` saying why none came), output split per
-cell and per call (by the separator the child writes after each), both capped."""
+"""The grader's end of one child's pipes: messages sent and received, output split per cell and
+per call, both capped.
+
+`Channel.send` writes a `protocol` message; `Channel.receive` gives the child's next one, or a
+`Lost` saying why none came. Output is split by the separator the child writes after each
+cell and call."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
-"""The session's child process, one at a time: `ChildSlot` starts one (forked from the student's
-warm sandbox in bubblewrap mode, a new process in the others), waits until it is ready, and
-kills it with everything it started."""
+"""The session's child process, one at a time: started, waited for until ready, killed.
+
+`ChildSlot` forks it from the student's warm sandbox in bubblewrap mode, or starts a new
+process in the others, and kills it with everything it started."""
 from __future__ import annotations
 
 import os

@@ -56,8 +56,9 @@ class StudentSession:
             or "none" to decide here (`resolve_sandbox`; forcing a mode that cannot work here
             raises SandboxUnavailable).
         hide: more paths the student's code must not see (results files, hidden test data).
-        sandboxes: the student's `SandboxPool` (bubblewrap mode), shared by that student's
-            chapters only; by default the session starts its own. Its children are forked from
+        sandboxes: the student's `SandboxPool`, required in bubblewrap mode (ignored in the
+            others): made and closed by whoever grades the student (`sandbox.pool.student_pool`),
+            shared by that student's chapters only, never made here. Its children are forked from
             a warm worker that has imported torch once, so a restart costs a fork, not an import.
         memory_capped: every child's RLIMIT_DATA is `limits.memory_case` above its start.
         deadline: time.monotonic() at which the student's budget runs out.
@@ -71,9 +72,9 @@ class StudentSession:
         self.deadline = deadline
         choice = resolve_sandbox(sandbox)
         self.mode, self.note = choice.mode, choice.note
-        self._own_pool = None
         if self.mode == SandboxMode.BUBBLEWRAP and sandboxes is None:
-            sandboxes = self._own_pool = SandboxPool(self.limits, hide)
+            raise ValueError("a bubblewrap session needs the student's SandboxPool, made by whoever "
+                             "grades the student (sandbox.pool.student_pool)")
         self._slot = ChildSlot(self.mode, self.limits, sandboxes if self.mode == SandboxMode.BUBBLEWRAP else None,
                                hidden_paths(hide), self.limits.memory_case if memory_capped else 0)
         self._lock = threading.RLock()
@@ -139,9 +140,6 @@ class StudentSession:
         with self._lock:
             self._closed = True
             self._slot.close()
-            if self._own_pool is not None:
-                self._own_pool.close()
-                self._own_pool = None
 
     # -- internals ------------------------------------------------------------------------
     def _run_notebook(self, recorder: CellRecorder | None = None) -> str | Spent | None:

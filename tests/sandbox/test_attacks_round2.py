@@ -321,7 +321,7 @@ def test_the_nbgrader_course_and_the_gradescope_zip_carry_a_seed_of_their_own(tm
 @pytest.mark.needs_bwrap
 def test_the_sandboxs_first_process_does_not_name_the_hidden_paths():
     """Before: /proc/1/cmdline (bwrap's) listed every hidden path as a --tmpfs target."""
-    from autograder.session.student_session import StudentSession
+    from session_helpers import lone_session
 
     cells = ["import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n"
              "        print('CMD', open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())"]
@@ -329,7 +329,7 @@ def test_the_sandboxs_first_process_does_not_name_the_hidden_paths():
 
     secret = tempfile.mkdtemp(prefix="autograder-hidden-test-", dir="/etc")  # (inside a bound folder)
     try:
-        with StudentSession(cells, sandbox="bubblewrap", hide=[secret]) as s:
+        with lone_session(cells, sandbox="bubblewrap", hide=[secret]) as s:
             out = s.start().output
     finally:
         os.rmdir(secret)

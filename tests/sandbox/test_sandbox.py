@@ -25,6 +25,7 @@ from autograder.sandbox.policy import PACKAGE_DIR, REPO_DIR, bwrap_command
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
+from session_helpers import lone_session
 from test_notebook import _nb
 from timing import child_start
 
@@ -34,8 +35,9 @@ ROOT = os.geteuid() == 0
 FAST = dict(cell_timeout=1.5, call_timeout=1.5, grace=1.0, notebook_timeout=30.0)
 
 
-def session(cells, mode, **limits) -> StudentSession:
-    return StudentSession(cells, Limits(**{**FAST, **limits}), sandbox=mode)
+def session(cells, mode, **limits):
+    """A session in `mode` with FAST limits (a context manager: see `lone_session`)."""
+    return lone_session(cells, Limits(**{**FAST, **limits}), sandbox=mode)
 
 
 def call(target, *args, **kw) -> Call:
@@ -225,7 +227,7 @@ def whoami():
 def root_entries():
     return torch.tensor([len(os.listdir("/root"))] if os.path.isdir("/root") else [0])
 ''']
-    with StudentSession(cells, Limits(**FAST), sandbox="bubblewrap", hide=[tmp_path]) as s:
+    with lone_session(cells, Limits(**FAST), sandbox="bubblewrap", hide=[tmp_path]) as s:
         s.start()
         seen = value(s.run(call("snoop"))).tolist()
         assert dict(zip(targets, seen)) == dict.fromkeys(targets, 0)
@@ -250,7 +252,7 @@ def test_hidden_path_inside_a_visible_directory_is_masked():
     assert args[i - 1] == "--tmpfs"
     cells = ["import os\nN = len(os.listdir('/usr/share/doc'))\nM = len(os.listdir('/usr/bin'))\n"
              "import torch\ndef n():\n    return torch.tensor([N, M])\n"]
-    with StudentSession(cells, Limits(**FAST), sandbox="bubblewrap", hide=[hidden]) as s:
+    with lone_session(cells, Limits(**FAST), sandbox="bubblewrap", hide=[hidden]) as s:
         s.start()
         n, m = value(s.run(call("n"))).tolist()
     assert n == 0 and m > 0
@@ -350,19 +352,20 @@ os.wait()
 def test_daemon_is_gone_after_close(mode):
     marker = f"daemon-{uuid.uuid4().hex}"
     cells = [DAEMON_CELL.format(marker=marker)]
-    s = session(cells, mode)
-    try:
-        assert s.start().cells[0].status == "ok"
-        deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
-        while not processes_with(marker) and time.monotonic() < deadline:
+    with session(cells, mode) as s:
+        try:
+            assert s.start().cells[0].status == "ok"
+            deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
+            while not processes_with(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert processes_with(marker), "the daemon should run while the session is open"
+        finally:
+            s.close()
+        # (the student's sandboxes are still open: the session's own close ends the daemon)
+        deadline = time.monotonic() + 30  # (the daemon would live 600 s)
+        while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert processes_with(marker), "the daemon should run while the session is open"
-    finally:
-        s.close()
-    deadline = time.monotonic() + 30  # (the daemon would live 600 s)
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert processes_with(marker) == []
+        assert processes_with(marker) == []
 
 
 # ------------------------------------------------------------------ limits and crashes
@@ -629,7 +632,7 @@ def test_missing_names_wrong_types_and_nan_are_plain_outcomes():
 
 
 def test_closed_session_and_run_without_start():
-    s = session(["import torch\ndef f(x):\n    return x"], "none")
+    s = StudentSession(["import torch\ndef f(x):\n    return x"], Limits(**FAST), sandbox="none")
     assert value(s.run(call("f", torch.ones(1)))).tolist() == [1.0]  # start() is implicit
     s.close()
     assert s.run(call("f", torch.ones(1))).error["type"] == "Crash"
@@ -681,8 +684,11 @@ def test_everything_dies_with_a_killed_grader(tmp_path):
 import sys
 sys.path.insert(0, {str(REPO_DIR)!r})
 from autograder.session.student_session import StudentSession, Limits
+from autograder.sandbox.modes import resolve_sandbox
+from autograder.sandbox.pool import student_pool
 cells = [{DAEMON_CELL.format(marker=marker)!r}, "print('ready', flush=True)", "while True:\\n    pass"]
-s = StudentSession(cells, Limits(cell_timeout=60, notebook_timeout=120), sandbox="bubblewrap")
+limits, sandbox = Limits(cell_timeout=60, notebook_timeout=120), resolve_sandbox("bubblewrap")
+s = StudentSession(cells, limits, sandbox=sandbox, sandboxes=student_pool(sandbox, limits))
 s.start()
 ''')
     grader = subprocess.Popen([os.sys.executable, str(script)], cwd=tmp_path)

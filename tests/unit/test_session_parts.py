@@ -140,3 +140,20 @@ def test_a_spent_budget_is_a_timeout_by_its_sentinel_not_by_its_text(monkeypatch
     with mimic:
         outcome = mimic._run(call, 1.0)
     assert outcome.error["type"] == "Crash" and "could not be run again after a crash" in outcome.error["message"]
+
+
+def test_a_session_never_makes_the_students_sandboxes():
+    """Whoever grades the student owns their pool (`student_pool`: bubblewrap only) and hands
+    it down; a bubblewrap session without one is refused, not given a pool of its own."""
+    from autograder.sandbox.modes import SandboxChoice, SandboxMode
+    from autograder.sandbox.pool import SandboxPool, student_pool
+
+    with pytest.raises(ValueError, match="SandboxPool"):
+        StudentSession(["x = 1"], Limits(), sandbox=SandboxChoice(SandboxMode.BUBBLEWRAP))
+    assert student_pool(SandboxChoice(SandboxMode.CONTAINER), Limits()) is None
+    assert student_pool(SandboxChoice(SandboxMode.FALLBACK), Limits()) is None
+    pool = student_pool(SandboxChoice(SandboxMode.BUBBLEWRAP), Limits(), size=2)
+    try:
+        assert isinstance(pool, SandboxPool) and pool.size == 2  # (no sandbox started yet)
+    finally:
+        pool.close()
