@@ -252,7 +252,7 @@ def _grade_or_batch(args) -> int:
         return 3
     if sandbox.mode != "bubblewrap":
         print(f"WARNING: {sandbox.note}", file=sys.stderr)
-    sandboxes = _prestarted_sandboxes(args) if args.command == "grade" and sandbox.mode == "bubblewrap" else None
+    sandboxes = _prestarted_sandboxes(args, sandbox) if args.command == "grade" else None
     from .grading.grader import Grader
     from .cases.inputs import PublicSeed, course_seed
     try:
@@ -271,18 +271,20 @@ def _grade_or_batch(args) -> int:
         return _run(args, grader, sandboxes, REFERENCES)
 
 
-def _prestarted_sandboxes(args):
-    """The student's warm sandboxes, started now: their torch imports overlap this process's."""
+def _prestarted_sandboxes(args, sandbox):
+    """The student's warm sandboxes (None unless bubblewrap), started now: their torch imports
+    overlap this process's. This command owns them and closes them after grading."""
     import atexit
     import os
 
     from .sandbox.limits import Limits
-    from .sandbox.pool import SandboxPool
+    from .sandbox.pool import student_pool
 
     jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
-    sandboxes = SandboxPool(Limits.from_env(), size=jobs)
-    atexit.register(sandboxes.close)
-    sandboxes.prestart()
+    sandboxes = student_pool(sandbox, Limits.from_env(), size=jobs)
+    if sandboxes is not None:
+        atexit.register(sandboxes.close)
+        sandboxes.prestart()
     return sandboxes
 
 

@@ -17,11 +17,11 @@ def child_start(mode: str = "none") -> float:
     """Seconds to start and close a child with one cell that imports torch, in `mode`
     ("bubblewrap", "none", or "auto": what the grader chooses), measured now."""
     from autograder.sandbox.limits import Limits
-    from autograder.session.student_session import StudentSession
+    from session_helpers import lone_session
 
     t0 = time.monotonic()
-    with StudentSession(["import torch"], Limits(cell_timeout=600, notebook_timeout=600), sandbox=mode) as s:
-        assert s.start()["cells"][0]["status"] == "ok"
+    with lone_session(["import torch"], Limits(cell_timeout=600, notebook_timeout=600), sandbox=mode) as s:
+        assert s.start().cells[0].status == "ok"
     return time.monotonic() - t0
 
 

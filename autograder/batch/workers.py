@@ -19,7 +19,7 @@ from ..grading.grader import Grader
 from ..report import class_report
 from ..grading.results import ChapterResult, SubmissionResult
 from ..sandbox.modes import SandboxMode, resolve_sandbox
-from ..sandbox.pool import SandboxPool
+from ..sandbox.pool import SandboxPool, student_pool
 from ..report.untrusted_text import capped
 
 
@@ -81,10 +81,11 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     imported there once, or once per worker where a zygote forks the students' sandboxes; each
     chapter's child is forked fresh)."""
     global _SPARES
-    pool = None
-    if any(nb is not None for _, nb in todo) and resolve_sandbox(grader.sandbox).mode == SandboxMode.BUBBLEWRAP:
-        zygote = _zygote(grader)
-        pool = SandboxPool(grader.limits, zygote=zygote)
+    pool = None  # the student's sandboxes: this function owns them, and closes them below
+    if any(nb is not None for _, nb in todo) and \
+            (sandbox := resolve_sandbox(grader.sandbox)).mode == SandboxMode.BUBBLEWRAP:
+        zygote = _zygote(grader)  # (started only where the student's pool will fork from it)
+        pool = student_pool(sandbox, grader.limits, zygote=zygote)
         # A spare sandbox started during the previous student: only without root, where every
         # student runs as the grader's own uid (as root each student has a uid of their own).
         if zygote is None and os.geteuid() != 0:

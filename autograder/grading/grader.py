@@ -149,12 +149,11 @@ class Grader:
             info = session.start()
             result.sandbox = session.mode
             result.notes.extend(_start_notes(info))
-            result.output = info.get("output", "")
+            result.output = info.output
             result.tests = grade_chapter(chapter, memory.route(session.run), self.devices, self.seed,
                                          self.quick, cells=cells)
             _failed_definitions(chapter, result.tests, cells, info)
-            defined = set(info.get("defined", []))
-            note = _other_chapter_note(chapter, defined) if "defined" in info else None
+            note = _other_chapter_note(chapter, set(info.defined))
             if note:
                 result.notes.append(note)
         result.source = cells  # (for the class report's flags: `graded_sources`)
@@ -265,16 +264,17 @@ class Grader:
     def grade_path(self, path, chapters: list[str] | None = None, jobs: int | None = None,
                    sandboxes=None) -> SubmissionResult:
         """Grade a notebook or a folder of them (see `plan`), `jobs` chapters at once, in this
-        student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; made here if None)."""
-        from ..sandbox.modes import SandboxMode, resolve_sandbox
-        from ..sandbox.pool import SandboxPool
+        student's own warm sandboxes (`sandboxes`, a `sandbox.SandboxPool`; if None, made and
+        closed here: `sandbox.pool.student_pool`)."""
+        from ..sandbox.modes import resolve_sandbox
+        from ..sandbox.pool import student_pool
 
         start = time.perf_counter()
         result, todo = self.plan(path, chapters)
         jobs = max(1, jobs or self.jobs)
         own = None
-        if sandboxes is None and resolve_sandbox(self.sandbox).mode == SandboxMode.BUBBLEWRAP:
-            sandboxes = own = SandboxPool(self.limits, size=jobs)
+        if sandboxes is None:
+            sandboxes = own = student_pool(resolve_sandbox(self.sandbox), self.limits, size=jobs)
         submitted = [ch for ch, notebook in todo if notebook is not None]
         deadline = self.student_deadline()
         try:
@@ -294,13 +294,13 @@ class Grader:
         return self.assemble(result, done, time.perf_counter() - start)
 
 
-def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells, info: dict) -> None:
+def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells, info) -> None:
     """A name the notebook does not define because the cell that defines it failed (a
     SyntaxError, an error raised before the definition, a timeout): that cell's error goes into
     the exercise's own note too, not only among the notebook's notes above its table.
-    cells: the notebook's `ParsedSubmission` (which cell defines a name: `defining_cells`)."""
-    failed = {c.get("cell"): c.get("message") or c.get("status") for c in info.get("cells", [])
-              if c.get("status") not in (None, "ok", "skipped")}
+    cells: the notebook's `ParsedSubmission` (which cell defines a name: `defining_cells`);
+    info: the session's `NotebookRun`."""
+    failed = {c.cell: c.message or c.status for c in info.cells if c.status not in ("ok", "skipped")}
     if not failed:
         return
     for t in tests:
@@ -312,15 +312,11 @@ def _failed_definitions(chapter: Chapter, tests: list[TestResult], cells, info: 
             t.note += f" It is defined in cell {where[-1]}, which failed: {failed[where[-1]]}"
 
 
-def _start_notes(info: dict) -> list[str]:
-    notes = []
-    mode = info.get("sandbox")
-    if mode:
-        notes.append(f"sandbox: {mode}")
-    if info.get("sandbox_note"):
-        notes.append(info["sandbox_note"])
-    for cell in info.get("cells", []):
-        status = cell.get("status")
-        if status and status != "ok":
-            notes.append(f"cell {cell.get('cell')}: {cell.get('message', status)}")
+def _start_notes(info) -> list[str]:
+    """The notes a `session.notebook_run.NotebookRun` gives: the sandbox, and each cell that
+    did not run cleanly."""
+    notes = [f"sandbox: {info.sandbox}"] if info.sandbox else []
+    if info.sandbox_note:
+        notes.append(info.sandbox_note)
+    notes += [f"cell {cell.cell}: {cell.message}" for cell in info.cells if cell.status != "ok"]
     return notes

@@ -1,5 +1,5 @@
-"""Warm sandboxes kept ready for the next student: `SandboxPool`, the one owner of a grading run's
-sandboxes."""
+"""Warm sandboxes kept ready for the next student: `SandboxPool`, the one owner of a student's
+sandboxes, and `student_pool`, the one rule for making one."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,7 @@ import threading
 
 from ..runtime import procs
 from .limits import Limits, NOBODY
+from .modes import SandboxChoice, SandboxMode
 from .policy import hidden_paths, student_uid
 from .warm import WarmSandbox, Zygote
 
@@ -143,3 +144,15 @@ class SandboxPool:
     def __exit__(self, *exc) -> bool:
         self.close()
         return False
+
+
+def student_pool(sandbox: SandboxChoice, limits: Limits | None = None, hide=(), size: int = 1,
+                 zygote: Zygote | None = None) -> SandboxPool | None:
+    """One student's warm sandboxes where `sandbox` is bubblewrap, else None (the container and
+    fallback modes start each child as a process of its own). Made by whoever grades the
+    student, who closes it after their last chapter: the command line's `grade`,
+    `Grader.grade_path` when it is handed none, a batch worker. A `StudentSession` is handed
+    the pool and never makes one, so no sandbox outlives its student unseen."""
+    if sandbox.mode != SandboxMode.BUBBLEWRAP:
+        return None
+    return SandboxPool(limits, hide, size, zygote)

@@ -1,19 +1,40 @@
-"""The grader's end of one child's pipes: results as `protocol` messages, output split per
-cell and per call (by the separator the child writes after each), both capped."""
+"""The grader's end of one child's pipes: messages sent and received, output split per cell and
+per call, both capped.
+
+`Channel.send` writes a `protocol` message; `Channel.receive` gives the child's next one, or a
+`Lost` saying why none came. Output is split by the separator the child writes after each
+cell and call."""
 from __future__ import annotations
 
 import os
 import select
 import time
+from dataclasses import dataclass
+from enum import Enum
 
 from ..shared import protocol
 from ..shared import wire
+from ..sandbox.limits import Limits
 from ..sandbox.processes import Child
 
 # Caps on a child's frames (the student's process writes them: hostile input). Honest ones are
 # small: over every chapter's solutions, at most 6.7 KB of header and 810 JSON values, 7 deep.
 RESULT_HEADER = 16 << 20
 RESULT_NODES = 1 << 18
+
+
+class LostKind(Enum):
+    TIMEOUT = "timeout"      # no message before the deadline
+    DEAD = "dead"            # the child's result pipe closed (it ended or was killed)
+    MALFORMED = "malformed"  # what it sent is not a message of the chapter channel
+
+
+@dataclass
+class Lost:
+    """What `Channel.receive` gives instead of a message when the child failed to send one."""
+
+    kind: LostKind
+    why: str = ""
 
 
 class Budget:
@@ -43,9 +64,10 @@ class Capture:
 class Channel:
     """The parent's view of one child: frames from the result pipe, output split by separator."""
 
-    def __init__(self, child: Child, result_cap: int):
+    def __init__(self, child: Child, limits: Limits):
         self.child = child
-        self.result_cap = min(result_cap, wire.MAX_PAYLOAD)
+        self.limits = limits
+        self.result_cap = min(limits.result_cap, wire.MAX_PAYLOAD)
         self.results = wire.FrameReader(min(RESULT_HEADER, self.result_cap), self.result_cap, RESULT_NODES)
         self.results_eof = False
         self.output_eof = False
@@ -119,6 +141,60 @@ class Channel:
             raise
         except Exception as e:  # (a field the checks themselves trip on: {"kind": []})
             raise protocol.ProtocolError(f"not a message ({type(e).__name__})") from None
+
+
+    # -- the one poll loop: sending and receiving ---------------------------------------------
+    def send(self, message, deadline: float) -> bool:
+        """Write one message to the child; False if it died or would not read in time."""
+        view = memoryview(wire.encode(protocol.plain(message)))
+        while view:
+            try:
+                view = view[os.write(self.child.req_fd, view):]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            read = self._take_in(deadline, writing=view)
+            if isinstance(read, Lost) or (read and self.results_eof):
+                return False
+        return True
+
+    def receive(self, deadline: float):
+        """The child's next message (a `protocol` dataclass), or a `Lost`."""
+        while True:
+            try:
+                message = self.next_message()
+            except (wire.WireError, ValueError) as e:  # ProtocolError is a ValueError
+                return Lost(LostKind.MALFORMED, str(e))
+            if message is not None:
+                return message
+            if self.results_eof:
+                self.drain_output(self.limits.drain_cap)
+                self.child.wait(self.limits.exit_wait)
+                return Lost(LostKind.DEAD)
+            if time.monotonic() >= deadline:
+                return Lost(LostKind.TIMEOUT)
+            read = self._take_in(deadline)
+            if isinstance(read, Lost):
+                return read
+
+    def _take_in(self, deadline: float, writing: memoryview | None = None) -> "bool | Lost":
+        """Wait for the pipes (or the deadline) and take in what came: output into its capture,
+        result bytes into the frame reader. Whether the result pipe was read; a Lost if what
+        came there is malformed."""
+        ready = {fd for fd, _ in poll_wait(self, deadline, write=writing)}
+        if self.child.out_fd in ready:
+            self.drain_output(self.limits.drain_cap)
+        if self.child.res_fd not in ready:
+            return False
+        try:
+            self.read_results()
+        except wire.WireError as e:
+            return Lost(LostKind.MALFORMED, str(e))
+        return True
 
 
 def _read(fd: int, size: int) -> bytes | None:

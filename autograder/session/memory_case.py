@@ -47,9 +47,9 @@ class MemoryCases:
         from .student_session import StudentSession
 
         with StudentSession(self.cells, memory_capped=True, **self.session_args) as session:
-            info = session.start()
-            if info.get("error"):
-                why = f"the memory-capped process could not run the notebook: {info['error']}"
+            run = session.start()
+            if run.error:
+                why = f"the memory-capped process could not run the notebook: {run.error}"
                 return [Outcome.failure("Crash", why) for _ in calls]
             return [session.run(c) for c in calls]
 

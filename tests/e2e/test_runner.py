@@ -155,8 +155,8 @@ def test_fallback_as_root_cannot_signal_the_grader_or_read_roots_files(tmp_path)
         from autograder.session.student_session import StudentSession
         with StudentSession([{cell!r}], sandbox="none") as s:
             report = s.start()
-        print("GRADER ALIVE", report["sandbox"], report["cells"][0]["error"]["type"])
-        print(report["cells"][0]["output"])
+        print("GRADER ALIVE", report.sandbox, report.cells[0].error["type"])
+        print(report.cells[0].output)
     """))
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path)

@@ -321,7 +321,7 @@ def test_the_nbgrader_course_and_the_gradescope_zip_carry_a_seed_of_their_own(tm
 @pytest.mark.needs_bwrap
 def test_the_sandboxs_first_process_does_not_name_the_hidden_paths():
     """Before: /proc/1/cmdline (bwrap's) listed every hidden path as a --tmpfs target."""
-    from autograder.session.student_session import StudentSession
+    from session_helpers import lone_session
 
     cells = ["import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n"
              "        print('CMD', open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())"]
@@ -329,8 +329,8 @@ def test_the_sandboxs_first_process_does_not_name_the_hidden_paths():
 
     secret = tempfile.mkdtemp(prefix="autograder-hidden-test-", dir="/etc")  # (inside a bound folder)
     try:
-        with StudentSession(cells, sandbox="bubblewrap", hide=[secret]) as s:
-            out = s.start()["output"]
+        with lone_session(cells, sandbox="bubblewrap", hide=[secret]) as s:
+            out = s.start().output
     finally:
         os.rmdir(secret)
     lines = [l for l in out.splitlines() if l.startswith("CMD ")]
@@ -373,13 +373,13 @@ def test_the_container_mode_leaves_nothing_for_the_next_student(monkeypatch):
 
     container = SandboxChoice(SandboxMode.CONTAINER)  # (as the entry point would hand it down)
     with session_module.StudentSession([LEAVE], sandbox=container) as one:
-        out = one.start()["output"]
+        out = one.start().output
     uid_one = int(out.split("KEY")[1].split()[1])
     assert int(out.split("KEY")[1].split()[0]) > 0, out  # the key was added
     for d in ("/tmp", "/dev/shm"):
         assert not os.path.exists(os.path.join(d, "left-by-student-one.py"))
     with session_module.StudentSession([FIND], sandbox=container) as two:
-        out = two.start()["output"]
+        out = two.start().output
     assert "FOUND ['FileNotFoundError', 'FileNotFoundError'] -1" in out, out
     assert int(out.split()[-1]) != uid_one
     # Whoever gets student one's uid next finds its keyring empty.

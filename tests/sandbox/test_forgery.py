@@ -23,7 +23,7 @@ from autograder.grading.grader import Grader
 from autograder.source.notebook import notebook_cells
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
-from autograder.session.student_session import StudentSession
+from session_helpers import lone_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_a_course_folder_and_the_class_in_it_are_invisible(tmp_path):
     assert r.returncode == 0, r.stderr
     tests = json.loads((tmp_path / "alice.json").read_text())["tests"]
     assert sum(t["score"] for t in tests if t["extra_data"]["exercise"] == "causal_mask") == 0
-    with StudentSession([SNOOP], Limits(cell_timeout=30, notebook_timeout=60), sandbox="bubblewrap") as s:
+    with lone_session([SNOOP], Limits(cell_timeout=30, notebook_timeout=60), sandbox="bubblewrap") as s:
         s.start()
         out = s.run(Call(chapter="t", exercise="found", case="c", target="found"))
     assert out.outputs[0].tolist() == [0]
@@ -149,7 +149,7 @@ def snoop():
         seen.append(0)
     return torch.tensor(seen)
 ''']
-    with StudentSession(cells, Limits(cell_timeout=30, notebook_timeout=60), sandbox="bubblewrap") as s:
+    with lone_session(cells, Limits(cell_timeout=30, notebook_timeout=60), sandbox="bubblewrap") as s:
         s.start()
         out = s.run(Call(chapter="t", exercise="snoop", case="c", target="snoop"))
     assert out.error is None, out.error

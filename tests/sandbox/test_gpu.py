@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autograder.grading.grader import Grader
-from autograder.session.student_session import StudentSession
+from session_helpers import lone_session
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cuda
@@ -36,8 +36,8 @@ def test_a_child_gets_its_share_of_the_gpu_only():
             "        return x + 1\n"
             "    except torch.OutOfMemoryError:\n"
             "        return x - 1\n")
-    with StudentSession([cell], limits=Limits.from_env(gpu_share=0.3)) as s:
-        assert s.start()["error"] is None
+    with lone_session([cell], limits=Limits.from_env(gpu_share=0.3)) as s:
+        assert s.start().error is None
         small = s.run(Call("t", "grab", "small", "grab", args=[torch.zeros(1), 0.1]))
         large = s.run(Call("t", "grab", "large", "grab", args=[torch.zeros(1), 0.5]))
     assert small.outputs[0].tolist() == [1.0], small.error

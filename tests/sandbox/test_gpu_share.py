@@ -146,7 +146,8 @@ def make_class(root: Path, names: list[str]) -> Path:
 
 
 def run_batch(tmp_path, monkeypatch, reg, names, leftovers, warmed=None) -> dict:
-    monkeypatch.setattr(workers, "SandboxPool", FakePool)
+    monkeypatch.setattr(workers, "student_pool", lambda sandbox, limits=None, hide=(), size=1, zygote=None:
+                        FakePool(limits, hide, size, zygote))
     monkeypatch.setattr(workers, "resolve_sandbox", lambda requested=None, hide=(): SandboxChoice(SandboxMode.BUBBLEWRAP))
     monkeypatch.setattr(workers, "_zygote", lambda grader: None)
     monkeypatch.setattr(Grader, "grade_planned", simulated_chapter(reg, leftovers))

@@ -18,7 +18,7 @@ import torch
 
 from autograder.shared.calls import Call
 from autograder.sandbox.limits import Limits
-from autograder.session.student_session import StudentSession
+from session_helpers import lone_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,12 +75,12 @@ def test_a_hostile_frame_is_a_crash_of_what_sent_it(name, mode):
     exception out of the session."""
     limits = Limits(cell_timeout=5.0, call_timeout=5.0, grace=1.0, notebook_timeout=30.0)
     cells = [WRITER, f"send({name!r})", "y = 1"]
-    with StudentSession(cells, limits, sandbox=mode) as session:
+    with lone_session(cells, limits, sandbox=mode) as session:
         report = session.start()
-        statuses = [c["status"] for c in report["cells"]]
-        assert statuses == ["ok", "crash", "ok"], report["cells"]
-        assert "sent the grader malformed data" in report["cells"][1]["message"]
-    with StudentSession([WRITER], limits, sandbox=mode) as session:
+        statuses = [c.status for c in report.cells]
+        assert statuses == ["ok", "crash", "ok"], report.cells
+        assert "sent the grader malformed data" in report.cells[1].message
+    with lone_session([WRITER], limits, sandbox=mode) as session:
         session.start()
         call = lambda target, *args: session.run(Call(chapter="test", exercise=target, case="hostile",
                                                      target=target, args=list(args)))

@@ -28,7 +28,7 @@ import pytest
 from autograder.grading.grader import Grader, grade_chapter
 from autograder.source.notebook import notebook_cells
 from autograder.shared.contract import CHAPTERS
-from autograder.session.student_session import StudentSession
+from session_helpers import lone_session
 
 REPO = Path(__file__).resolve().parents[2]
 CH = "07_efficient_attention"
@@ -273,7 +273,7 @@ def test_host_memory_a_gpu_driver_adds_after_the_cap_fails_only_the_old_design(t
     # (a capped child in which the GPU stays visible, as it was then: the first cell undoes the
     # hiding that the memory case's child does now, so this runs the old design's child)
     visible = "import os\nos.environ.pop('CUDA_VISIBLE_DEVICES', None)"
-    with StudentSession([visible] + cells, memory_capped=True) as session:
+    with lone_session([visible] + cells, memory_capped=True) as session:
         session.start()
         old = grade_chapter(chapter, session.run, grader.devices, grader.seed, False, cells=cells)
     assert sum(t.score for t in old) < sum(t.max_score for t in old)

@@ -25,6 +25,7 @@ from autograder.sandbox.policy import PACKAGE_DIR, REPO_DIR, bwrap_command
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
+from session_helpers import lone_session
 from test_notebook import _nb
 from timing import child_start
 
@@ -34,8 +35,9 @@ ROOT = os.geteuid() == 0
 FAST = dict(cell_timeout=1.5, call_timeout=1.5, grace=1.0, notebook_timeout=30.0)
 
 
-def session(cells, mode, **limits) -> StudentSession:
-    return StudentSession(cells, Limits(**{**FAST, **limits}), sandbox=mode)
+def session(cells, mode, **limits):
+    """A session in `mode` with FAST limits (a context manager: see `lone_session`)."""
+    return lone_session(cells, Limits(**{**FAST, **limits}), sandbox=mode)
 
 
 def call(target, *args, **kw) -> Call:
@@ -92,7 +94,7 @@ def f(x):
 @pytest.mark.parametrize("mode", MODES)
 def test_patched_torch_and_subclasses_do_not_reach_the_grader(mode):
     with session([LIAR], mode) as s:
-        assert s.start()["cells"][0]["status"] == "ok"
+        assert s.start().cells[0].status == "ok"
         out = s.run(call("f", torch.ones(3)))
         t = value(out)
         assert type(t) is torch.Tensor            # a fresh, plain tensor, made from bytes
@@ -225,7 +227,7 @@ def whoami():
 def root_entries():
     return torch.tensor([len(os.listdir("/root"))] if os.path.isdir("/root") else [0])
 ''']
-    with StudentSession(cells, Limits(**FAST), sandbox="bubblewrap", hide=[tmp_path]) as s:
+    with lone_session(cells, Limits(**FAST), sandbox="bubblewrap", hide=[tmp_path]) as s:
         s.start()
         seen = value(s.run(call("snoop"))).tolist()
         assert dict(zip(targets, seen)) == dict.fromkeys(targets, 0)
@@ -250,7 +252,7 @@ def test_hidden_path_inside_a_visible_directory_is_masked():
     assert args[i - 1] == "--tmpfs"
     cells = ["import os\nN = len(os.listdir('/usr/share/doc'))\nM = len(os.listdir('/usr/bin'))\n"
              "import torch\ndef n():\n    return torch.tensor([N, M])\n"]
-    with StudentSession(cells, Limits(**FAST), sandbox="bubblewrap", hide=[hidden]) as s:
+    with lone_session(cells, Limits(**FAST), sandbox="bubblewrap", hide=[hidden]) as s:
         s.start()
         n, m = value(s.run(call("n"))).tolist()
     assert n == 0 and m > 0
@@ -350,19 +352,20 @@ os.wait()
 def test_daemon_is_gone_after_close(mode):
     marker = f"daemon-{uuid.uuid4().hex}"
     cells = [DAEMON_CELL.format(marker=marker)]
-    s = session(cells, mode)
-    try:
-        assert s.start()["cells"][0]["status"] == "ok"
-        deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
-        while not processes_with(marker) and time.monotonic() < deadline:
+    with session(cells, mode) as s:
+        try:
+            assert s.start().cells[0].status == "ok"
+            deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
+            while not processes_with(marker) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert processes_with(marker), "the daemon should run while the session is open"
+        finally:
+            s.close()
+        # (the student's sandboxes are still open: the session's own close ends the daemon)
+        deadline = time.monotonic() + 30  # (the daemon would live 600 s)
+        while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert processes_with(marker), "the daemon should run while the session is open"
-    finally:
-        s.close()
-    deadline = time.monotonic() + 30  # (the daemon would live 600 s)
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert processes_with(marker) == []
+        assert processes_with(marker) == []
 
 
 # ------------------------------------------------------------------ limits and crashes
@@ -527,10 +530,10 @@ def test_giant_output_is_capped(mode):
     with session(cells, mode, output_cap=10_000) as s:
         t0 = time.monotonic()
         report = s.start()
-        first = report["cells"][0]
-        assert first["status"] == "ok"
-        assert len(first["output"]) < 10_200 and "more bytes of output not shown" in first["output"]
-        assert report["cells"][1]["status"] == "ok"
+        first = report.cells[0]
+        assert first.status == "ok"
+        assert len(first.output) < 10_200 and "more bytes of output not shown" in first.output
+        assert report.cells[1].status == "ok"
         out = s.run(call("chatter", torch.zeros(1)), timeout=8)
         assert value(out).tolist() == [0.0]
         assert len(s.last_output) < 10_200
@@ -555,23 +558,23 @@ def test_top_level_hazards_cost_only_their_cell(mode):
     baseline = child_start(mode)  # a child's start and close, at the machine's speed now
     with session(cells, mode) as s:
         report = s.start()
-        status = [c["status"] for c in report["cells"]]
-        errors = [(c["error"] or {}).get("type") for c in report["cells"]]
+        status = [c.status for c in report.cells]
+        errors = [(c.error or {}).get("type") for c in report.cells]
         assert status[0] == "ok" and status[-1] == "ok"
-        assert status[1] == "timeout" and "interrupted" in report["cells"][1]["error"]["message"]
+        assert status[1] == "timeout" and "interrupted" in report.cells[1].error["message"]
         assert errors[2:5] == ["SystemExit"] * 3
-        assert status[5] == "timeout" and "could not be interrupted" in report["cells"][5]["error"]["message"]
-        assert status[6] == "crash" and "SIGSEGV" in report["cells"][6]["error"]["message"]
-        assert status[7] == "crash" and "status 0" in report["cells"][7]["error"]["message"]
+        assert status[5] == "timeout" and "could not be interrupted" in report.cells[5].error["message"]
+        assert status[6] == "crash" and "SIGSEGV" in report.cells[6].error["message"]
+        assert status[7] == "crash" and "status 0" in report.cells[7].error["message"]
         assert errors[8] == "SyntaxError"
         if not torch.cuda.is_available():
-            assert status[9] == "error" and ("CUDA" in report["cells"][9]["error"]["message"]
-                                             or "NVIDIA" in report["cells"][9]["error"]["message"])
+            assert status[9] == "error" and ("CUDA" in report.cells[9].error["message"]
+                                             or "NVIDIA" in report.cells[9].error["message"])
         assert value(s.run(call("before", torch.zeros(1)))).tolist() == [1.0]
         assert value(s.run(call("after", torch.zeros(1)))).tolist() == [2.0]
         # 25 s on an idle machine, plus each child this start needed (the hazards kill it) at
         # the speed a start has now
-        assert report["seconds"] < 25 + s.children * baseline, (report["seconds"], s.children, baseline)
+        assert report.seconds < 25 + s.children * baseline, (report.seconds, s.children, baseline)
 
 
 def test_notebook_time_budget_bounds_start():
@@ -584,7 +587,7 @@ def test_notebook_time_budget_bounds_start():
         t0 = time.monotonic()
         report = s.start()
         assert time.monotonic() - t0 < 2.0 + FAST["grace"] + 2 + baseline
-        status = [c["status"] for c in report["cells"]]
+        status = [c.status for c in report.cells]
         assert status[0] == "ok" and status[-1] == "not run"
         assert status.count("ok") <= 2, status
 
@@ -629,7 +632,7 @@ def test_missing_names_wrong_types_and_nan_are_plain_outcomes():
 
 
 def test_closed_session_and_run_without_start():
-    s = session(["import torch\ndef f(x):\n    return x"], "none")
+    s = StudentSession(["import torch\ndef f(x):\n    return x"], Limits(**FAST), sandbox="none")
     assert value(s.run(call("f", torch.ones(1)))).tolist() == [1.0]  # start() is implicit
     s.close()
     assert s.run(call("f", torch.ones(1))).error["type"] == "Crash"
@@ -645,7 +648,7 @@ def test_ipython_syntax_keeps_definitions():
     with session([py, to_python("%%timeit -n 3\nz = f(torch.ones(1))\n"),
                   "def h():\n    return z"], "auto") as s:
         report = s.start()
-        assert [c["status"] for c in report["cells"]] == ["ok"] * 3, report
+        assert [c.status for c in report.cells] == ["ok"] * 3, report
         assert value(s.run(call("h"))).tolist() == [2.0]
 
 
@@ -655,8 +658,8 @@ def test_a_broken_notebook_file_end_to_end(tmp_path):
                          ("code", "def g(x):\n    return x - 1")]))
     with session(notebook_cells(path), "auto") as s:
         report = s.start()
-        assert [c["status"] for c in report["cells"]] == ["ok", "error", "ok"]
-        assert report["cells"][1]["error"]["type"] == "SyntaxError"
+        assert [c.status for c in report.cells] == ["ok", "error", "ok"]
+        assert report.cells[1].error["type"] == "SyntaxError"
         assert s.run(call("f", torch.ones(1))).error["type"] == "Missing"
         assert value(s.run(call("g", torch.ones(1)))).tolist() == [0.0]
 
@@ -664,11 +667,11 @@ def test_a_broken_notebook_file_end_to_end(tmp_path):
 def test_mode_is_reported():
     with session(["x = 1"], "none") as s:
         report = s.start()
-        assert report["sandbox"] == "fallback" and "AUTOGRADER_SANDBOX=none" in report["sandbox_note"]
+        assert report.sandbox == "fallback" and "AUTOGRADER_SANDBOX=none" in report.sandbox_note
     if probe_bubblewrap()[0]:
         with session(["x = 1"], "auto") as s:
             report = s.start()
-            assert report["sandbox"] == "bubblewrap" and report["sandbox_note"] == ""
+            assert report.sandbox == "bubblewrap" and report.sandbox_note == ""
 
 
 @pytest.mark.needs_bwrap
@@ -681,8 +684,11 @@ def test_everything_dies_with_a_killed_grader(tmp_path):
 import sys
 sys.path.insert(0, {str(REPO_DIR)!r})
 from autograder.session.student_session import StudentSession, Limits
+from autograder.sandbox.modes import resolve_sandbox
+from autograder.sandbox.pool import student_pool
 cells = [{DAEMON_CELL.format(marker=marker)!r}, "print('ready', flush=True)", "while True:\\n    pass"]
-s = StudentSession(cells, Limits(cell_timeout=60, notebook_timeout=120), sandbox="bubblewrap")
+limits, sandbox = Limits(cell_timeout=60, notebook_timeout=120), resolve_sandbox("bubblewrap")
+s = StudentSession(cells, limits, sandbox=sandbox, sandboxes=student_pool(sandbox, limits))
 s.start()
 ''')
     grader = subprocess.Popen([os.sys.executable, str(script)], cwd=tmp_path)

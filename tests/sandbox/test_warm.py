@@ -92,21 +92,21 @@ def test_a_chapter_cannot_affect_the_next_chapter_of_the_same_student():
               "def tmp_files(x):\n    return torch.tensor(len(os.listdir('/tmp')))"]
     with SandboxPool(FAST) as pool:
         with StudentSession(hostile, FAST, sandbox="bubblewrap", sandboxes=pool) as a:
-            assert [c["status"] for c in a.start()["cells"]] == ["ok", "ok", "ok"]
+            assert [c.status for c in a.start().cells] == ["ok", "ok", "ok"]
             deadline = time.monotonic() + 60  # waits end as soon as the daemon is there
             while not processes_with(marker) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert processes_with(marker), "the daemon should run while the chapter is open"
             out = a.run(call("boom", torch.ones(1)))
             assert out.error["type"] == "Crash" and "status 3" in out.error["message"]
-            box = a._box
+            box = a.box
         deadline = time.monotonic() + 30  # (the daemon would live 600 s)
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not processes_with(marker)
         with StudentSession(honest, FAST, sandbox="bubblewrap", sandboxes=pool) as b:
             b.start()
-            assert b._box is box, "the same warm sandbox serves the next chapter"
+            assert b.box is box, "the same warm sandbox serves the next chapter"
             out = b.run(call("f", torch.ones(2)))
             assert out.error is None and out.outputs[0].tolist() == [2.0, 2.0]
             out = b.run(call("tmp_files", torch.ones(1)))
@@ -161,7 +161,7 @@ def test_a_malformed_control_message_ends_that_sandbox_only():
         with StudentSession(["def f(x):\n    return x"], FAST, sandbox="bubblewrap",
                             sandboxes=pool) as s:
             s.start()
-            assert s._box is not box
+            assert s.box is not box
             assert s.run(call("f", torch.ones(1))).error is None
 
 
@@ -199,7 +199,7 @@ def test_two_chapters_run_at_once_in_one_sandbox_each_in_a_folder_of_its_own():
         b = StudentSession(other, slow, sandbox="bubblewrap", sandboxes=pool)
         with a, b:
             _in_threads(a.start, b.start)
-            assert a._box is b._box, "one warm sandbox (one torch import) serves both chapters"
+            assert a.box is b.box, "one warm sandbox (one torch import) serves both chapters"
             assert a.run(call("files", torch.ones(1))).outputs[0].item() == 3  # + .matplotlib
             assert b.run(call("mine", torch.ones(1))).outputs[0].item() == 0.0, \
                 "A's files are in A's folder, not B's"
@@ -215,7 +215,7 @@ def test_two_chapters_run_at_once_in_one_sandbox_each_in_a_folder_of_its_own():
     # both chapters done: the sandbox is reset, and the next chapter finds an empty /tmp
         with StudentSession(other, slow, sandbox="bubblewrap", sandboxes=pool) as c:
             c.start()
-            assert c._box is a._box or a._box is None
+            assert c.box is a.box or a.box is None
             assert c.run(call("in_tmp", torch.ones(1))).outputs[0].item() == 1  # its own folder
 
 
@@ -234,12 +234,12 @@ def test_a_chapter_that_kills_a_shared_sandbox_costs_the_other_chapter_nothing()
         with StudentSession(killer, FAST, sandbox="bubblewrap", sandboxes=pool) as a, \
                 StudentSession(victim, FAST, sandbox="bubblewrap", sandboxes=pool) as b:
             _in_threads(a.start, b.start)
-            assert a._box is b._box
+            assert a.box is b.box
             killed, survived = _in_threads(lambda: a.run(call("kill_all", torch.ones(1))),
                                            lambda: b.run(call("slow", torch.ones(1))))
             assert killed.error["type"] == "Crash", killed.error
             assert survived.error is None and survived.outputs[0].item() == 2.0, survived.error
-            assert not pool.sharing and a._box is not b._box, "a sandbox each from then on"
+            assert not pool.sharing and a.box is not b.box, "a sandbox each from then on"
             assert a.run(call("f", torch.ones(1))).outputs[0].item() == 3.0
             assert b.run(call("slow", torch.ones(1))).outputs[0].item() == 2.0
 
@@ -250,7 +250,7 @@ def test_a_chapter_that_kills_a_shared_sandbox_costs_the_other_chapter_nothing()
         with StudentSession(cell_killer, FAST, sandbox="bubblewrap", sandboxes=pool) as a, \
                 StudentSession(slow_cell, FAST, sandbox="bubblewrap", sandboxes=pool) as b:
             ra, rb = _in_threads(a.start, b.start)
-            assert [c["status"] for c in rb["cells"]] == ["ok", "ok"], rb["cells"]
-            assert [c["status"] for c in ra["cells"]] == ["crash", "ok"], ra["cells"]
+            assert [c.status for c in rb.cells] == ["ok", "ok"], rb.cells
+            assert [c.status for c in ra.cells] == ["crash", "ok"], ra.cells
             assert b.run(call("g", torch.ones(1))).outputs[0].item() == 0.0
             assert a.run(call("f", torch.ones(1))).outputs[0].item() == 3.0

@@ -98,10 +98,10 @@ def test_two_students_of_one_zygote_share_nothing(zygote):
     b_cells = [f"MARKER = {marker!r}\n" + FACTS]
     with SandboxPool(FAST, zygote=zygote) as pool_a, SandboxPool(FAST, zygote=zygote) as pool_b:
         with session(a_cells, pool_a) as a, session(b_cells, pool_b) as b:
-            assert [c["status"] for c in a.start()["cells"]] == ["ok", "ok"]
+            assert [c.status for c in a.start().cells] == ["ok", "ok"]
             b.start()
-            assert isinstance(a._box.proc, _SpawnedBox) and isinstance(b._box.proc, _SpawnedBox)
-            assert a._box.proc.token != b._box.proc.token
+            assert isinstance(a.box.proc, _SpawnedBox) and isinstance(b.box.proc, _SpawnedBox)
+            assert a.box.proc.token != b.box.proc.token
             port = a.run(call("port", torch.ones(1))).outputs[0]
             assert a.run(call("own_port", port)).error is None  # loopback is up
             mine = a.run(call("facts", port)).outputs[0].tolist()
@@ -149,7 +149,7 @@ def assert_graded_in_a_sandbox_of_its_own(zygote) -> None:
     with SandboxPool(FAST, zygote=zygote) as pool:
         with session(["def f(x):\n    return x + 1"], pool) as s:
             s.start()
-            assert not isinstance(s._box.proc, _SpawnedBox)
+            assert not isinstance(s.box.proc, _SpawnedBox)
             assert s.run(call("f", torch.ones(1))).outputs[0].item() == 2.0
 
 

@@ -1,0 +1,122 @@
+"""The session's child process, one at a time: started, waited for until ready, killed.
+
+`ChildSlot` forks it from the student's warm sandbox in bubblewrap mode, or starts a new
+process in the others, and kills it with everything it started."""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import time
+
+from ..shared import protocol
+from ..sandbox.limits import Limits
+from ..sandbox.pool import SandboxPool
+from ..sandbox.processes import Child
+from ..sandbox.warm import SandboxDied
+from .channel import Budget, Capture, Channel, Lost, LostKind
+
+
+class ChildSlot:
+    """Where the session's current child lives (`child`, and `channel`, its pipes).
+
+    Args:
+        mode: the session's `SandboxMode`.
+        sandboxes: the student's `SandboxPool` (bubblewrap mode; None in the others).
+        hidden: what the child must not see (`policy.hidden_paths`), for a new process.
+        headroom: RLIMIT_DATA above the child's start (memory cases), or 0.
+    """
+
+    def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int):
+        self.mode, self.limits, self.pool = mode, limits, sandboxes
+        self.hidden, self.headroom = hidden, headroom
+        self.box = None  # the warm sandbox the children are forked from (bubblewrap mode)
+        self.child: Child | None = None
+        self.channel: Channel | None = None
+        self.workdir = tempfile.mkdtemp(prefix="autograder-session-")
+        os.chmod(self.workdir, 0o700)
+        self.children = 0       # how many child processes were started
+        self.startup_seconds: list[float] = []  # each child's start-up (Python + torch import)
+
+    def alive(self) -> bool:
+        """Whether the current child can still take a call."""
+        return self.child is not None and self.child.alive() and not self.channel.results_eof
+
+    def spawn(self) -> str | None:
+        """Start a child and wait until it is ready; None on success, else why not."""
+        self.kill()
+        last = ""
+        for _ in range(2):  # one retry: a start-up failure is not the student's doing
+            t0 = time.monotonic()
+            try:
+                child = self._launch(t0 + self.limits.startup_timeout)
+            except OSError as e:
+                last = f"the grading process could not be started ({e})"
+                continue
+            if isinstance(child, str):
+                last = child
+                continue
+            channel = Channel(child, self.limits)
+            startup = channel.captures[0] = Capture(Budget(4096))
+            self.child, self.channel = child, channel
+            self.children += 1
+            event = channel.receive(t0 + self.limits.startup_timeout)
+            if isinstance(event, protocol.ChildReady):
+                self.startup_seconds.append(time.monotonic() - t0)
+                return None
+            self.kill()
+            channel.flush_output()
+            detail = startup.text().strip().splitlines()[-3:]
+            timed_out = isinstance(event, Lost) and event.kind == LostKind.TIMEOUT
+            why = ("did not start within %g s" % self.limits.startup_timeout
+                   if timed_out else child.exit_description())
+            last = f"the grading process {why}" + (": " + " | ".join(detail) if detail else "")
+        return last
+
+    def _launch(self, deadline: float):
+        """A new child (bubblewrap: forked from the student's warm sandbox; else a new
+        process), or why the sandbox could not start."""
+        token = secrets.token_hex(16)
+        if self.pool is None:
+            return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom)
+        if self.box is not None and not self.box.alive():
+            self._give_back()  # killed by what the student did: start a new one
+        if self.box is None:
+            self.box = self.pool.acquire()
+        why = self.box.wait_ready(deadline)
+        if why:
+            self._give_back()
+            return why
+        try:
+            return self.box.fork(token, self.headroom)
+        except SandboxDied as e:
+            self._give_back()
+            return f"the grading process could not be started ({e})"
+
+    def _give_back(self) -> None:
+        self.pool.release(self.box)
+        self.box = None
+
+    def kill(self) -> None:
+        """Kill the current child (and what it started), keeping what it printed."""
+        if self.child is not None:
+            self.child.kill()
+            if self.channel is not None:
+                self.channel.drain_output(self.limits.drain_cap)
+                self.channel.flush_output()
+        self.child = None
+
+    def died_shared(self) -> bool:
+        """Whether the child died with its sandbox while another chapter was in it too: either
+        may have killed it, so what was running is run again, once (see `SandboxPool`)."""
+        return self.box is not None and self.box.died_shared and self.box.dead
+
+    def close(self) -> None:
+        """Kill the child, give the sandbox back, remove the session's files."""
+        self.kill()
+        if self.box is not None:
+            self._give_back()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None

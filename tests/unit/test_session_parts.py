@@ -1,0 +1,159 @@
+"""The parts of a StudentSession, in process and without a sandbox: the pipes (`Channel.send`
+and `receive`, over plain os pipes), the typed report (`NotebookRun`, `CellRun`,
+`CellRecorder`) and what the grader reads from it, and the budget sentinel."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from autograder.grading.grader import _start_notes
+from autograder.sandbox.limits import Limits
+from autograder.shared import protocol, wire
+from autograder.shared.calls import Call
+from autograder.session.channel import Budget, Capture, Channel, Lost, LostKind
+from autograder.session.notebook_run import CellRecorder, CellRun, NotebookRun
+from autograder.session.student_session import StudentSession
+from autograder.session.time_budget import BUDGET_SPENT, budget_message
+
+LIMITS = Limits(drain_cap=1 << 20, exit_wait=0.1)
+
+
+class PipeChild:
+    """A stand-in for `sandbox.processes.Child`: the three pipes, from the child's far side."""
+
+    token = "t0ken"
+
+    def __init__(self):
+        self.res_fd, self.res_w = os.pipe()
+        self.out_fd, self.out_w = os.pipe()
+        self.req_r, self.req_fd = os.pipe()
+        for fd in (self.res_fd, self.out_fd, self.req_fd):
+            os.set_blocking(fd, False)
+
+    def wait(self, timeout):
+        return None
+
+    def close(self):
+        for fd in (self.res_fd, self.res_w, self.out_fd, self.out_w, self.req_r, self.req_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def child():
+    c = PipeChild()
+    yield c
+    c.close()
+
+
+def test_receive_gives_the_message_and_the_output_between(child):
+    channel = Channel(child, LIMITS)
+    capture = channel.captures[0] = Capture(Budget(100))
+    os.write(child.out_w, b"hello")
+    os.write(child.res_w, wire.encode(protocol.plain(protocol.ChildReady(pid=1, uid=2, seconds=0.5))))
+    message = channel.receive(time.monotonic() + 5)
+    assert message == protocol.ChildReady(pid=1, uid=2, seconds=0.5)
+    channel.drain_output(1 << 10)
+    channel.flush_output()
+    assert capture.text() == "hello"
+
+
+def test_receive_says_why_no_message_came(child):
+    channel = Channel(child, LIMITS)
+    t0 = time.monotonic()
+    lost = channel.receive(t0 + 0.2)
+    assert lost == Lost(LostKind.TIMEOUT) and time.monotonic() - t0 >= 0.2
+    os.write(child.res_w, b"\xff" * 64)  # not a frame
+    assert channel.receive(time.monotonic() + 5).kind == LostKind.MALFORMED
+    other = PipeChild()
+    try:
+        os.close(other.res_w)
+        assert Channel(other, LIMITS).receive(time.monotonic() + 5) == Lost(LostKind.DEAD)
+    finally:
+        other.close()
+
+
+def test_send_writes_a_frame_and_fails_on_a_closed_pipe(child):
+    channel = Channel(child, LIMITS)
+    message = protocol.RunCells(["x = 1"], [], 1.0, 2.0)
+    assert channel.send(message, time.monotonic() + 5)
+    reader = wire.FrameReader()
+    reader.feed(os.read(child.req_r, 1 << 16))
+    assert protocol.from_plain(wire.decode(reader.pop())) == message
+    os.close(child.req_r)  # the child ended
+    assert not channel.send(message, time.monotonic() + 5)
+
+
+def test_the_recorder_keeps_each_cells_first_run(child):
+    recorder = CellRecorder(3, Budget(100))
+    channel = Channel(child, LIMITS)
+    recorder.listen(channel)
+    channel.feed_output(b"one" + channel.separator + b"two")
+    channel.flush_output()  # (segment 0 is the start-up's; cell 1 is segment 1)
+    recorder.record(CellRun(2, "crash", {"type": "Crash", "message": "this cell crashed", "where": "<cell 2>"}))
+    recorder.record(CellRun(2, "ok"))  # a later child's run of it does not replace the first
+    cells = recorder.cells()
+    assert [(c.cell, c.status) for c in cells] == [(1, "not run"), (2, "crash"), (3, "not run")]
+    assert cells[0].output == "two"
+    assert cells[1].message == "this cell crashed"
+    assert cells[0].message == "not run: the notebook's time budget ran out before this cell"
+
+
+def test_a_cell_message_names_the_error_and_where():
+    error = CellRun(4, "error", {"type": "NameError", "message": "name 'q' is not defined",
+                                 "where": "File <cell 4>\n  line 2 in f"})
+    assert error.message == "NameError: name 'q' is not defined (  line 2 in f)"
+    assert CellRun(1, "ok").message == ""
+
+
+def test_the_grader_reads_the_typed_report():
+    run = NotebookRun("fallback", "Sandbox: none", None,
+                      [CellRun(1, "ok", output="a\n"), CellRun(2, "skipped"),
+                       CellRun(3, "error", {"type": "ValueError", "message": "bad", "where": ""}, output="b")],
+                      defined=["f"])
+    assert run.output == "[cell 1]\na\n[cell 3]\nb\n"
+    assert _start_notes(run) == ["sandbox: fallback", "Sandbox: none", "cell 2: ", "cell 3: ValueError: bad"]
+
+
+def _session_without_child(monkeypatch, spawn_says: str | None, deadline: float | None) -> StudentSession:
+    """A fallback session whose notebook 'ran' (no child) and whose next child cannot start."""
+    session = StudentSession(["def f(x):\n    return x"], Limits(), sandbox="none", deadline=deadline)
+    monkeypatch.setattr(session, "start", lambda: NotebookRun("fallback", "", None))
+    monkeypatch.setattr(session._slot, "spawn", lambda: spawn_says)
+    return session
+
+
+def test_a_spent_budget_is_a_timeout_by_its_sentinel_not_by_its_text(monkeypatch):
+    call = Call(chapter="t", exercise="f", case="c", target="f", args=[torch.ones(1)])
+    spent = _session_without_child(monkeypatch, None, deadline=time.monotonic() - 1)
+    with spent:
+        assert spent._run_notebook() is BUDGET_SPENT
+        outcome = spent._run(call, 1.0)  # (past run()'s own check: the budget ran out meanwhile)
+    assert outcome.error["type"] == "Timeout" and outcome.error["message"] == budget_message(spent.limits)
+    # a child that cannot start is a crash, even if what it says reads like the budget's message
+    mimic = _session_without_child(monkeypatch, budget_message(Limits()), deadline=None)
+    with mimic:
+        outcome = mimic._run(call, 1.0)
+    assert outcome.error["type"] == "Crash" and "could not be run again after a crash" in outcome.error["message"]
+
+
+def test_a_session_never_makes_the_students_sandboxes():
+    """Whoever grades the student owns their pool (`student_pool`: bubblewrap only) and hands
+    it down; a bubblewrap session without one is refused, not given a pool of its own."""
+    from autograder.sandbox.modes import SandboxChoice, SandboxMode
+    from autograder.sandbox.pool import SandboxPool, student_pool
+
+    with pytest.raises(ValueError, match="SandboxPool"):
+        StudentSession(["x = 1"], Limits(), sandbox=SandboxChoice(SandboxMode.BUBBLEWRAP))
+    assert student_pool(SandboxChoice(SandboxMode.CONTAINER), Limits()) is None
+    assert student_pool(SandboxChoice(SandboxMode.FALLBACK), Limits()) is None
+    pool = student_pool(SandboxChoice(SandboxMode.BUBBLEWRAP), Limits(), size=2)
+    try:
+        assert isinstance(pool, SandboxPool) and pool.size == 2  # (no sandbox started yet)
+    finally:
+        pool.close()
