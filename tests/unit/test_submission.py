@@ -11,6 +11,7 @@ import pytest
 from autograder.grading.grader import _failed_definitions
 from autograder.grading import results
 from autograder.report import similarity
+from autograder.session.notebook_run import CellRun, NotebookRun
 from autograder.session.trust import expected_error_credible
 from autograder.shared.contract import CHAPTERS
 from autograder.source.findings import findings
@@ -107,22 +108,26 @@ def _missing(exercise: str) -> results.TestResult:
     return results.TestResult(CH1, exercise, "cpu", 0.0, 4.0, [case], note=f"`{exercise}` is not defined in the notebook.")
 
 
+def _run(*cells: CellRun) -> NotebookRun:
+    return NotebookRun("bubblewrap", "", None, list(cells))
+
+
 def test_a_missing_name_points_at_the_cell_with_the_syntax_error_that_defines_it():
     source = ParsedSubmission(["import torch\n", BROKEN_SOFTMAX, "def attention_pool(q, k, v):\n    raise 1/0\n"])
-    info = {"cells": [{"cell": 1, "status": "ok"},
-                      {"cell": 2, "status": "error", "message": "SyntaxError: invalid syntax (line 3)"},
-                      {"cell": 3, "status": "error", "message": "ZeroDivisionError"}]}
+    info = _run(CellRun(1, "ok"),
+                CellRun(2, "error", {"type": "SyntaxError", "message": "invalid syntax (line 3)"}),
+                CellRun(3, "error", {"type": "ZeroDivisionError", "message": "division by zero"}))
     tests = [_missing("softmax"), _missing("attention_pool")]
     _failed_definitions(CHAPTERS[CH1], tests, source, info)
     assert tests[0].note.endswith("It is defined in cell 2, which failed: SyntaxError: invalid syntax (line 3)")
-    assert tests[1].note.endswith("It is defined in cell 3, which failed: ZeroDivisionError")
+    assert tests[1].note.endswith("It is defined in cell 3, which failed: ZeroDivisionError: division by zero")
 
 
 def test_a_method_of_the_same_name_in_a_failed_cell_is_not_where_the_name_is_defined():
     """The old regex matched any indented `def softmax`; a class's method of that name does not
     define the function the notebook is asked for, so the note does not send the student there."""
     source = ParsedSubmission(["class Attention:\n    def softmax(self, x):\n        return x\n\nraise RuntimeError\n"])
-    info = {"cells": [{"cell": 1, "status": "error", "message": "RuntimeError"}]}
+    info = _run(CellRun(1, "error", {"type": "RuntimeError", "message": ""}))
     tests = [_missing("softmax")]
     _failed_definitions(CHAPTERS[CH1], tests, source, info)
     assert tests[0].note == "`softmax` is not defined in the notebook."
