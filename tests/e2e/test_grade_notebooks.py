@@ -245,9 +245,18 @@ def test_a_notebook_is_read_and_parsed_once_for_every_check_of_its_code(tmp_path
         return real(source, *args, **kwargs)
     monkeypatch.setattr(ast, "parse", counting)
 
+    from autograder.sandbox.modes import resolve_sandbox
+    from autograder.sandbox.pool import student_pool
+
     grader = Grader(device="cpu")
     _, todo = grader.plan(path)
-    chapters = [grader.grade_planned(chapter, notebook) for chapter, notebook in todo]
+    pool = student_pool(resolve_sandbox("auto"))  # (as a batch worker owns a student's sandboxes)
+    try:
+        chapters = [grader.grade_planned(chapter, notebook, pool) for chapter, notebook in todo]
+    finally:
+        if pool is not None:
+            pool.close()
+    assert not any(ch.error for ch in chapters), [ch.error for ch in chapters]
     sources = Grader.graded_sources(chapters)
     identical = class_report.identical_to_solutions(sources)
     similarity.fingerprints(sources)
