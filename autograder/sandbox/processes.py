@@ -1,6 +1,6 @@
-"""One chapter's child process outside bubblewrap (the container and fallback modes; bubblewrap's
-children are forked from a warm sandbox, `warm.py`), launched with its three pipes, and killed
-with everything it started."""
+"""One chapter's child process in the container or the fallback mode, launched with its three
+pipes, and killed with everything it started. (bubblewrap's children are forked from a warm
+sandbox: `warm.py`.)"""
 from __future__ import annotations
 
 import json
