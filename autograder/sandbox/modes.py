@@ -13,7 +13,8 @@ from enum import Enum
 
 from .limits import Limits, NOBODY
 from .bwrap import bwrap_command
-from .policy import PACKAGE_DIR, RUNTIME_DEST, hidden_paths, readable_secrets, sandbox_policy
+from .policy import sandbox_policy
+from .visibility import PACKAGE_DIR, RUNTIME_DEST, hidden_paths, readable_secrets
 
 
 class SandboxMode(str, Enum):

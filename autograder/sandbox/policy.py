@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from ..shared.mounts import Mount
 from .limits import Limits, NOBODY
 from .visibility import RUNTIME_DEST, child_sys_path, python_dirs, stage_runtime, under
-# (imported from here by the session, the batch workers and the pool)
-from .visibility import PACKAGE_DIR, REPO_DIR, hidden_paths, readable_secrets, student_uid  # noqa: F401
+# (imported from here by the session, the batch workers, the pool and the end-to-end tests)
+from .visibility import REPO_DIR, hidden_paths, student_uid  # noqa: F401
 
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 GPU_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH")  # passed through

@@ -22,7 +22,8 @@ import torch
 from autograder.shared.calls import Call
 from autograder.source.notebook import notebook_cells, to_python
 from autograder.sandbox.bwrap import bwrap_command
-from autograder.sandbox.policy import PACKAGE_DIR, REPO_DIR, sandbox_policy
+from autograder.sandbox.policy import sandbox_policy
+from autograder.sandbox.visibility import PACKAGE_DIR, REPO_DIR
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
