@@ -84,9 +84,12 @@ class SandboxPolicy:
         return (tmp, replace(tmp, dest="/dev/shm", optional=True),
                 Mount("devpts", "/dev/pts", optional=True), proc)
 
-    def box_config(self) -> dict:
-        """What the zygote applies to a student's sandbox it forks, as plain data."""
-        return {"mounts": [m.to_plain() for m in self.box_mounts()], "uid": self.uid}
+    def box_config(self, token: str) -> dict:
+        """The config of a student's warm worker forked by the zygote, as plain data: the
+        child's, with the mounts the zygote makes and the uid it drops to (so the worker,
+        already that uid, does not drop again: it could not, without setpriv's root)."""
+        return {**self.child_config(token), "drop": None,
+                "mounts": [m.to_plain() for m in self.box_mounts()], "uid": self.uid}
 
     def host_path(self, inside: str, _hops: int = 8) -> str | None:
         """The host path that `inside` (a path in the bubblewrap sandbox) shows, or None where

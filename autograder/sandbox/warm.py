@@ -231,7 +231,7 @@ class WarmSandbox(_Controlled):
         self.died_shared = False   # it died while more than one chapter was in it
         if zygote is not None:
             def launch(sock_fd, out_fd):
-                return zygote.spawn(config["token"], {**config, **policy.box_config()}, sock_fd, out_fd)
+                return zygote.spawn(config["token"], policy.box_config(config["token"]), sock_fd, out_fd)
         else:
             def launch(sock_fd, out_fd):
                 return _Bwrap.start(policy, "warm", config, sock_fd, out_fd, workdir)

@@ -110,8 +110,8 @@ def test_the_zygote_mounts_what_the_policy_says(monkeypatch):
     """A student's box forked by the zygote gets the policy's /tmp (same size and mode), its own
     /dev/shm, pseudo-terminals and /proc: the zygote's mount(2) calls, recorded."""
     policy = bubblewrap(uid=62001)
-    config = json.loads(json.dumps(policy.box_config()))  # as it travels: plain JSON
-    assert config["uid"] == 62001
+    config = json.loads(json.dumps(policy.box_config("t")))  # as it travels: plain JSON
+    assert config["uid"] == 62001 and config["rlimits"] == policy.child_config("t")["rlimits"]
     calls = []
     monkeypatch.setattr(zygote, "_mount", lambda source, target, fstype, flags, data=None:
                         calls.append((source, target, fstype, flags, data)))
@@ -123,6 +123,16 @@ def test_the_zygote_mounts_what_the_policy_says(monkeypatch):
     assert [c[1] for c in calls if c[2] in ("devpts", "proc")] == ["/dev/pts", "/proc"]
     with pytest.raises(zygote.SetupError):  # binds are bubblewrap's, never the zygote's
         zygote.apply_mount(Mount("ro-bind", "/etc", source="/etc"))
+
+
+def test_without_setpriv_the_child_drops_itself_but_not_in_a_zygotes_box():
+    """No setpriv: a bubblewrap child as root becomes the student's uid itself; a box forked by
+    the zygote is that uid already (the zygote dropped), and could not drop again."""
+    with mock.patch("os.geteuid", return_value=0), mock.patch("shutil.which", return_value=None):
+        policy = bubblewrap(uid=62001)
+    assert policy.drops_itself and policy.child_config("t")["drop"] == [62001, 62001]
+    assert bwrap_command(policy, ["python"])[-2:] == ["--", "python"]
+    assert policy.box_config("t")["drop"] is None and policy.box_config("t")["uid"] == 62001
 
 
 def test_the_bwrap_tmp_is_the_policys():
