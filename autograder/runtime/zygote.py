@@ -13,8 +13,8 @@ student code. For each `Spawn` it forks a process that
      kills every process of the student's), and waits for it, reporting its end;
   3. in the warm worker: mounts a fresh /tmp, /dev/shm, /dev/pts and /proc (which shows this
      student's processes only; /proc/sys read-only, as bubblewrap does) and brings up its own
-     loopback, then becomes `nobody` with no
-     capabilities at all (bounding set, ambient and inheritable cleared, no_new_privs, checked
+     loopback (the mounts as the grader's policy lists them), then becomes the student's uid
+     with no capabilities at all (bounding set, ambient and inheritable cleared, no_new_privs, checked
      in /proc/self/status before anything else happens), and only then serves its control
      socket (`autograder.runtime.child.warm.serve_box`).
 
@@ -34,6 +34,7 @@ import sys
 import time
 
 from . import procs
+from ..shared.mounts import Mount
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -160,27 +161,18 @@ def _open_fds() -> list[int]:
 
 
 def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> None:
-    """PID 1 of the student's namespaces: mounts, the drop to nobody, then the warm worker."""
+    """PID 1 of the student's namespaces: mounts, the drop to the student's uid, then the warm
+    worker."""
     import select
 
     from . import warm as worker
 
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below reaches the zygote's mounts
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['tmp_size']}")
-    if os.path.isdir("/dev/shm"):
-        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['tmp_size']}")
-    if os.path.isdir("/dev/pts"):  # a pseudo-terminal of one student's must not open for another
-        _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-               "newinstance,ptmxmode=0666,mode=0620")
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in PROC_COVERED:
-        path = f"/proc/{name}"
-        if os.path.exists(path):
-            _mount(path, path, None, MS_BIND | MS_REC)
-            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for plain in config["mounts"]:  # the grader's policy: a fresh /tmp, /dev/shm, /dev/pts, /proc
+        apply_mount(Mount.from_plain(plain))
     _loopback_up()
     os.chdir("/tmp")  # the fresh one (the inherited working folder is the zygote's /tmp)
-    drop_privileges(int(config["nobody"]))
+    drop_privileges(int(config["uid"]))
     from .confine import no_user_namespaces
 
     no_user_namespaces()  # (needs no_new_privs, which the drop set)
@@ -194,6 +186,28 @@ def _box(ctl_fd: int, alive_r: int, config: dict, token: str, start: float) -> N
     os.environ["AUTOGRADER_CHILD"] = token
     os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/.matplotlib"), exist_ok=True)
     worker.serve_box(ctl_fd, config, start)
+
+
+def apply_mount(mount: Mount) -> None:
+    """Make one of the grader's mounts (`autograder.sandbox.policy.SandboxPolicy.box_mounts`)
+    in this box's own mount namespace; an optional one only where its folder exists."""
+    if mount.optional and not os.path.isdir(mount.dest):
+        return
+    if mount.kind == "tmpfs":
+        options = ",".join(([f"mode={mount.perms}"] if mount.perms else [])
+                           + ([f"size={mount.size}"] if mount.size else []))
+        _mount("tmpfs", mount.dest, "tmpfs", MS_NOSUID | MS_NODEV, options or None)
+    elif mount.kind == "devpts":  # a pseudo-terminal of one student's must not open for another
+        _mount("devpts", mount.dest, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    elif mount.kind == "proc":
+        _mount("proc", mount.dest, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        for name in PROC_COVERED:
+            path = f"{mount.dest}/{name}"
+            if os.path.exists(path):
+                _mount(path, path, None, MS_BIND | MS_REC)
+                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    else:  # (binds and links are the zygote's own sandbox's, made by bubblewrap)
+        raise SetupError(0, f"a student's sandbox does not make {mount.kind} mounts ({mount.dest})")
 
 
 def _loopback_up() -> None:

@@ -3,9 +3,9 @@ limited and killed. Nothing here runs beside student code (that is `runtime/`).
 
 Three modes (`modes.py`; AUTOGRADER_SANDBOX=auto|bubblewrap|container|none):
 - bubblewrap: the child has its own PID, mount, network, IPC and UTS namespaces, and a
-  filesystem that is an allow-list (`policy.py`): the system and Python installation read-only,
-  the staged runtime (`shared/` and `runtime/`) at /run/autograder-runtime, a size-capped /tmp.
-  Not the repository, the solutions, the reference cache, /work or /root. As root it runs as a
+  filesystem that is an allow-list (`policy.py`, rendered to argv by `bwrap.py`): the system
+  and Python installation read-only, the staged runtime (`shared/` and `runtime/`) at
+  /run/autograder-runtime, a size-capped /tmp. Not the repository, the solutions, the reference cache, /work or /root. As root it runs as a
   uid of the student's own (`uids.py`); batch grading forks each student's sandbox from a
   zygote that has imported torch once (`warm.py`).
 - container: as root where namespaces cannot be made (Docker, Gradescope): a uid of the

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .limits import Limits, NOBODY
-from .policy import PACKAGE_DIR, RUNTIME_DEST, base_env, bwrap_command, child_sys_path, hidden_paths, readable_secrets, stage_runtime
+from .bwrap import bwrap_command
+from .policy import sandbox_policy
+from .visibility import PACKAGE_DIR, RUNTIME_DEST, hidden_paths, readable_secrets
 
 
 class SandboxMode(str, Enum):
@@ -47,9 +49,7 @@ def probe_bubblewrap() -> tuple[bool, str, int]:
             result = (False, "bubblewrap (bwrap) is not installed", 0)
         else:
             result = (False, "", 0)
-            hidden = hidden_paths()
-            sys_path = child_sys_path(hidden)
-            stage = stage_runtime()
+            policy = sandbox_policy(SandboxMode.BUBBLEWRAP, Limits(), hidden_paths())
             want_uid = NOBODY if os.geteuid() == 0 else os.getuid()
             # The grader's folder may exist there as an empty mount point (hidden inside a
             # bound folder): what matters is that none of its files can be read.
@@ -59,14 +59,14 @@ def probe_bubblewrap() -> tuple[bool, str, int]:
             reasons = []
             for variant in (0, 1):
                 argv = [sys.executable, "-B", "-c", code]
-                if os.geteuid() == 0 and not shutil.which("setpriv"):
+                if policy.drops_itself:
                     argv = [sys.executable, "-B", "-c",
                             f"import os; os.setgroups([]); os.setgid({NOBODY}); "
                             f"os.setuid({NOBODY}); " + code]
-                cmd = bwrap_command(argv, hidden, sys_path, stage, Limits(), variant)
+                cmd = bwrap_command(policy, argv, variant)
                 try:
                     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
-                                       stdin=subprocess.DEVNULL, env=base_env("/tmp", "probe"))
+                                       stdin=subprocess.DEVNULL, env=policy.environment("probe"))
                 except (OSError, subprocess.TimeoutExpired) as e:
                     reasons.append(str(e))
                     continue

@@ -1,61 +1,48 @@
-"""One chapter's child process, launched in the chosen mode with its three pipes, and killed with
-everything it started."""
+"""One chapter's child process in the container or the fallback mode, launched with its three
+pipes, and killed with everything it started. (bubblewrap's children are forked from a warm
+sandbox: `warm.py`.)"""
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 
 from ..runtime import procs
-from .limits import Limits, NOBODY, describe_exit
-from .policy import RUNTIME_DEST, base_env, child_config, python_argv, bwrap_command, child_sys_path, popen_bwrap, stage_runtime, student_uid
-from .modes import probe_bubblewrap
+from .limits import Limits, describe_exit
+from .policy import python_argv, sandbox_policy, student_uid
 
 
 class Child:
-    """One launched worker process and its three pipes (requests in, results out, output out).
+    """One launched worker process and its three pipes (requests in, results out, output out),
+    in the "container" or the "fallback" mode.
 
     The parent's ends are non-blocking: `req_fd` (write), `res_fd` and `out_fd` (read).
     """
 
     def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str,
                  data_headroom: int = 0):
+        if str(mode) not in ("container", "fallback"):
+            raise ValueError(f"a {mode} child is forked from a warm sandbox (sandbox.warm)")
         self.mode, self.limits, self.token = mode, limits, token
         req_r, self.req_fd = os.pipe()
         self.res_fd, res_w = os.pipe()
         self.out_fd, out_w = os.pipe()
-        stage = stage_runtime()
-        sys_path = child_sys_path(hidden)
-        root = os.geteuid() == 0
-        drop = None
+        policy = sandbox_policy(mode, limits, hidden, home=workdir)
         self.lease = None
-        if mode == "bubblewrap":
-            home = "/tmp"
-            runtime = RUNTIME_DEST
-            if root and not shutil.which("setpriv"):
-                drop = [NOBODY, NOBODY]
-        else:
-            home, runtime = workdir, str(stage)
-            if root:  # no namespaces, but the student's code must not run as root
-                uid = NOBODY
-                if mode == "container":  # a uid of its own: every process of it is this child's
-                    self.lease = student_uid()
-                    uid = self.lease.uid if self.lease else NOBODY
-                drop = [uid, uid]
-                os.chown(workdir, uid, uid)
-        config = child_config(mode, limits, runtime, sys_path, drop, token)
+        if policy.as_root and mode == "container":  # a uid of its own: every process of it is this child's
+            self.lease = student_uid()
+            policy = policy.with_uid(self.lease.uid) if self.lease else policy
+        if policy.drops_itself:  # the workdir is the student's own
+            os.chown(workdir, policy.uid, policy.uid)
+        config = policy.child_config(token)
         if data_headroom:
             config["data_headroom"] = int(data_headroom)
-        argv = python_argv(runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
-        if mode == "bubblewrap":
-            _, _, variant = probe_bubblewrap()
-            argv = bwrap_command(argv, hidden, sys_path, stage, limits, variant)
+        argv = python_argv(policy.runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
         try:
-            self.proc = (popen_bwrap if mode == "bubblewrap" else subprocess.Popen)(
+            self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
-                pass_fds=(req_r, res_w), env=base_env(home, token), cwd=workdir,
+                pass_fds=(req_r, res_w), env=policy.environment(token), cwd=workdir,
                 start_new_session=True, close_fds=True)
         finally:
             for fd in (req_r, res_w, out_w):
@@ -76,12 +63,7 @@ class Child:
 
     def kill(self) -> None:
         """Kill the child and everything it started; close the pipes. Idempotent."""
-        if self.mode == "bubblewrap":
-            # bwrap's PID-1 has PDEATHSIG=SIGKILL; when it dies the kernel kills the namespace.
-            procs.send(self.proc.pid, signal.SIGKILL)
-            killpg(self.proc.pid)
-        else:
-            kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
+        kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
         if self.lease is not None:  # whatever escaped the tree (a double fork, a new session)
             procs.kill_uid(self.lease.uid, self.limits.kill_rounds)
         self.wait(self.limits.kill_wait)
@@ -95,7 +77,7 @@ class Child:
 
     def exit_description(self) -> str:
         """Why the child ended, in words."""
-        return describe_exit(self.proc.poll(), self.limits, self.mode == "bubblewrap")
+        return describe_exit(self.proc.poll(), self.limits)
 
 
 def killpg(pgid: int) -> None:

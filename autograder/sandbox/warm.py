@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 
 from ..runtime import procs
+from .bwrap import bwrap_command, popen_bwrap
 from .limits import Limits, NOBODY, describe_exit, time_now
-from .policy import RUNTIME_DEST, base_env, child_config, python_argv, bwrap_command, child_sys_path, popen_bwrap, stage_runtime
+from .policy import SandboxPolicy, python_argv, sandbox_policy
 from .modes import SandboxMode, probe_bubblewrap
 from .processes import close_pipes, killpg
 
@@ -29,11 +29,16 @@ class _Bwrap:
         self.popen, self.pid = popen, popen.pid
 
     @classmethod
-    def start(cls, argv: list[str], sock_fd: int, out_fd: int, token: str, workdir: str) -> "_Bwrap":
-        """Run `argv` (a bwrap command line) with the control socket and output pipe."""
+    def start(cls, policy: SandboxPolicy, entry: str, config: dict, sock_fd: int, out_fd: int,
+              workdir: str) -> "_Bwrap":
+        """Run `autograder.runtime.<entry>.<entry>` in the sandbox `policy` describes, with the
+        control socket, its `config` and the output pipe."""
+        argv = python_argv(policy.runtime, entry, [str(sock_fd), json.dumps(config)],
+                           module=f"runtime.{entry}")
         return cls(popen_bwrap(
-            argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,),
-            env=base_env("/tmp", token), cwd=workdir, start_new_session=True, close_fds=True))
+            bwrap_command(policy, argv, probe_bubblewrap()[2]), stdin=subprocess.DEVNULL,
+            stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,), env=policy.environment(config["token"]),
+            cwd=workdir, start_new_session=True, close_fds=True))
 
     def poll(self) -> int | None:
         return self.popen.poll()
@@ -218,23 +223,18 @@ class WarmSandbox(_Controlled):
 
         self.mode = SandboxMode.BUBBLEWRAP
         self.uid = uid  # (as root: the student's own, see `autograder.sandbox.uids`)
-        sys_path = child_sys_path(hidden)
-        drop = [uid, uid] if os.geteuid() == 0 and not shutil.which("setpriv") else None
-        token = secrets.token_hex(16)
-        config = child_config("bubblewrap", limits, RUNTIME_DEST, sys_path, drop, token)
+        policy = sandbox_policy(SandboxMode.BUBBLEWRAP, limits, hidden, uid=uid)
+        config = policy.child_config(secrets.token_hex(16))
         self.exits: dict[int, int] = {}
         # kept by the SandboxPool: chapters in it now, whether it is being reset
         self.users, self.resetting = 0, False
         self.died_shared = False   # it died while more than one chapter was in it
         if zygote is not None:
             def launch(sock_fd, out_fd):
-                return zygote.spawn(token, {**config, **zygote.box_config, "nobody": uid}, sock_fd, out_fd)
+                return zygote.spawn(config["token"], policy.box_config(config["token"]), sock_fd, out_fd)
         else:
             def launch(sock_fd, out_fd):
-                argv = python_argv(RUNTIME_DEST, "warm", [str(sock_fd), json.dumps(config)], module="runtime.warm")
-                return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
-                                                  probe_bubblewrap()[2], uid=uid),
-                                    sock_fd, out_fd, token, workdir)
+                return _Bwrap.start(policy, "warm", config, sock_fd, out_fd, workdir)
         super().__init__(limits, launch)
 
     def _on_message(self, message) -> None:
@@ -304,19 +304,13 @@ class Zygote(_Controlled):
     def __init__(self, limits: Limits, hidden: list[str], workdir: str):
         import secrets
 
-        sys_path = child_sys_path(hidden)
-        token = secrets.token_hex(16)
-        config = child_config("bubblewrap", limits, RUNTIME_DEST, sys_path, None, token)
-        self.box_config = {"tmp_size": limits.tmp_size, "nobody": NOBODY}
+        policy = sandbox_policy(SandboxMode.BUBBLEWRAP, limits, hidden, keep_root=True)
+        config = policy.child_config(secrets.token_hex(16))
         self.ended: dict[str, int] = {}  # a student's sandbox (its token) -> how it ended
         self.broken = False  # a sandbox it started failed before answering: start no more
 
         def launch(sock_fd, out_fd):
-            argv = python_argv(RUNTIME_DEST, "zygote", [str(sock_fd), json.dumps(config)],
-                                module="runtime.zygote")
-            return _Bwrap.start(bwrap_command(argv, hidden, sys_path, stage_runtime(), limits,
-                                              probe_bubblewrap()[2], keep_root=True),
-                                sock_fd, out_fd, token, workdir)
+            return _Bwrap.start(policy, "zygote", config, sock_fd, out_fd, workdir)
         super().__init__(limits, launch)
 
     @staticmethod

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from autograder.sandbox import modes
-from autograder.sandbox import policy as sandbox
+from autograder.sandbox import visibility as sandbox
 from autograder.shared.calls import Call
 from autograder.grading.grader import Grader
 from autograder.source.notebook import notebook_cells

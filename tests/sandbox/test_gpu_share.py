@@ -235,8 +235,8 @@ def test_each_child_bounds_its_cuda_memory_before_student_code(monkeypatch):
 def test_the_batch_gives_each_worker_a_share_of_the_gpu():
     from autograder.sandbox.gpu_share import fraction
     from autograder.sandbox.limits import Limits
-    from autograder.sandbox.policy import child_config
+    from autograder.sandbox.policy import sandbox_policy
 
     assert fraction(1) == 0.9 and fraction(4) == 0.225
-    config = child_config("bubblewrap", Limits(gpu_share=0.225), "/r", [], None, "t")
+    config = sandbox_policy("bubblewrap", Limits(gpu_share=0.225), []).child_config("t")
     assert config["cuda_fraction"] == 0.225

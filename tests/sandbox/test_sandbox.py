@@ -21,7 +21,9 @@ import torch
 
 from autograder.shared.calls import Call
 from autograder.source.notebook import notebook_cells, to_python
-from autograder.sandbox.policy import PACKAGE_DIR, REPO_DIR, bwrap_command
+from autograder.sandbox.bwrap import bwrap_command
+from autograder.sandbox.policy import sandbox_policy
+from autograder.sandbox.visibility import PACKAGE_DIR, REPO_DIR
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
 from autograder.session.student_session import StudentSession
@@ -247,7 +249,7 @@ def root_entries():
 def test_hidden_path_inside_a_visible_directory_is_masked():
     hidden = "/usr/share/doc"  # visible (under /usr) unless masked
     assert os.listdir(hidden)
-    args = bwrap_command(["python"], [hidden], [], Path("/tmp"), Limits())
+    args = bwrap_command(sandbox_policy("bubblewrap", Limits(), [hidden]), ["python"])
     i = args.index(hidden)
     assert args[i - 1] == "--tmpfs"
     cells = ["import os\nN = len(os.listdir('/usr/share/doc'))\nM = len(os.listdir('/usr/bin'))\n"

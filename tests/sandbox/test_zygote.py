@@ -20,7 +20,8 @@ from autograder.sandbox.limits import NOBODY, Limits
 from autograder.sandbox.modes import SandboxMode
 from autograder.sandbox.pool import SandboxPool
 from autograder.sandbox.warm import Zygote, _SpawnedBox
-from autograder.sandbox.policy import hidden_paths
+from autograder.sandbox.policy import SandboxPolicy, hidden_paths
+from autograder.shared.mounts import Mount
 from autograder.session.student_session import StudentSession
 from test_sandbox import processes_with
 
@@ -158,8 +159,9 @@ def test_when_the_zygote_is_gone_students_get_sandboxes_of_their_own(zygote):
     assert_graded_in_a_sandbox_of_its_own(zygote)
 
 
-def test_a_zygote_whose_sandboxes_fail_to_start_is_not_used(zygote):
-    zygote.box_config["tmp_size"] = "nonsense"  # the mount of /tmp fails: the box exits
+def test_a_zygote_whose_sandboxes_fail_to_start_is_not_used(zygote, monkeypatch):
+    broken = (Mount("tmpfs", "/no/such/folder"),)  # its mount fails: the box exits
+    monkeypatch.setattr(SandboxPolicy, "box_mounts", lambda policy: broken)
     assert not workers._try(zygote)
     assert zygote.broken and not zygote.usable_now() and zygote.alive()
     assert_graded_in_a_sandbox_of_its_own(zygote)

@@ -1,6 +1,6 @@
 """The trust boundary, drawn by the folders: what runs beside student code is `autograder/shared/`
 (plain data both sides speak) and `autograder/runtime/` (the processes in the sandbox), and the
-sandbox stages exactly those two folders (`sandbox.policy.RUNTIME_PACKAGES`). Every file there
+sandbox stages exactly those two folders (`sandbox.visibility.RUNTIME_PACKAGES`). Every file there
 imports, from the package, only files there (else the child fails to start, or a grader-side
 module holding cases, hints or solutions would have to be staged beside student code); `shared/`
 imports nothing from `runtime/`; and nothing is staged that nothing uses."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from autograder.sandbox.policy import PACKAGE_DIR, RUNTIME_PACKAGES, stage_runtime
+from autograder.sandbox.visibility import PACKAGE_DIR, RUNTIME_PACKAGES, stage_runtime
 
 # Used although no staged module imports them: the modules the sandbox starts by name.
 ENTRY_POINTS = {"runtime/child.py", "runtime/warm.py", "runtime/zygote.py"}
