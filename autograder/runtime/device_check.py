@@ -158,7 +158,28 @@ def _moved_twin(t: torch.Tensor, device, dtype=None) -> torch.Tensor:
     strides (its values are not needed, and converting them to a fake tensor costs more)."""
     if is_fake(t) or torch.device(device).type != "cuda":
         return _move(t, device, dtype)
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype if dtype is None else dtype, device=_cuda(device))
+    # laid out as `.to("cuda")` lays it out: its own strides where it is dense (a transpose),
+    # else contiguous (an expanded tensor)
+    stride = t.stride() if _dense(t) else _contiguous_strides(t.shape)
+    return torch.empty_strided(t.shape, stride, dtype=t.dtype if dtype is None else dtype, device=_cuda(device))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill its storage span exactly once (non-overlapping and dense)."""
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return t.numel() > 0
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 class _DeviceMoves(TorchFunctionMode):

@@ -12,11 +12,13 @@ import sys
 
 # Imported before a late privilege drop (fallback as root), for a Python installation that the
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
-# The device check on fake CUDA (runtime/device_check): sympy, and torch._dynamo, which
-# FakeTensorMode() imports for its config (about 1 s together: once, before the chapters fork).
-FAKE_TENSOR_STACK = ("torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor", "torch._dynamo")
+# torch._dynamo, which the device check's FakeTensorMode() imports for its config (0.7 s: once,
+# before the chapters fork; the memory case's child, forked first, never needs it). Sympy
+# (torch's symbolic shapes) is imported before any fork: torch.broadcast_shapes imports it, and
+# inside the memory case's cap it would take 34 MB of the student's headroom.
+DEFERRED_IMPORTS = ("torch._dynamo",)
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
-             *FAKE_TENSOR_STACK,
+             "torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor", *DEFERRED_IMPORTS,
              "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
              "collections", "typing", "dataclasses", "copy", "json", "time", "socket",

@@ -12,7 +12,7 @@ import time
 
 from . import procs
 from .child import import_runtime, serve
-from .prepare import FAKE_TENSOR_STACK, PREIMPORT, prctl, prepare
+from .prepare import DEFERRED_IMPORTS, PREIMPORT, prctl, prepare
 
 
 # ------------------------------------------------------------------------- the warm worker
@@ -30,7 +30,7 @@ def warm(argv: list[str]) -> None:
     prepare(config)
     prctl(4, 0)   # PR_SET_DUMPABLE 0: the chapters (same uid) cannot ptrace or read this one
     prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a chapter come back here and are killed
-    import_all(but=FAKE_TENSOR_STACK)  # (imported in `serve_box` while the memory case runs)
+    import_all(but=DEFERRED_IMPORTS)  # (imported in `serve_box` while the memory case runs)
     serve_box(ctl_fd, config, start)
 
 

@@ -162,9 +162,10 @@ class _Controlled:
                else describe_exit(self.proc.poll(), self.limits, True))
         return f"{self.what} {why}" + (": " + " | ".join(detail) if detail else "")
 
-    def _request(self, message, fds=(), reply=None):
+    def _request(self, message, fds=(), reply=None, timeout: float | None = None):
         """Send a request; with `reply` (a message class) wait for it. SandboxDied if the
-        process is gone or does not answer within `control_timeout` (it is killed then)."""
+        process is gone or does not answer within `timeout` (default `control_timeout`; it is
+        killed then)."""
         p = self._p
         with self._request_lock:
             if self.dead:
@@ -185,7 +186,7 @@ class _Controlled:
                         return True
                 return False
 
-            self._wait(got, self.limits.control_timeout)
+            self._wait(got, self.limits.control_timeout if timeout is None else timeout)
             if not found:
                 self.kill()
                 raise SandboxDied(f"{self.what} stopped answering")
@@ -253,8 +254,10 @@ class WarmSandbox(_Controlled):
             config = {"threads": self.limits.threads, "cuda_fraction": self.limits.gpu_share}
             if data_headroom:
                 config["data_headroom"] = int(data_headroom)
+            # (the first chapter's Fork also waits for the imports the warm worker leaves until
+            # then, `runtime/warm.py`: a start-up's timeout, not a control message's)
             forked = self._request(self._p.Fork(token, config),
-                                   (req_r, res_w, out_w), self._p.Forked)
+                                   (req_r, res_w, out_w), self._p.Forked, self.limits.startup_timeout)
         except BaseException:
             for fd in (req_w, res_r, out_r):
                 os.close(fd)

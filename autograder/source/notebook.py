@@ -29,6 +29,11 @@ MAX_NOTEBOOK_BYTES = 100 << 20  # outputs with images make large notebooks; 100 
 # child: a 1 MB list literal is ~260 MB of syntax tree. The solutions' largest cell is 2.7 KB.
 MAX_CELL_BYTES = 100_000
 MAX_CODE_BYTES = 1_000_000  # all code cells of one notebook together
+MAX_CODE_CELLS = 1_000  # the solutions have at most 40
+# IPython's input transformer is slow on many magic lines in one cell (99 kB of `!a` lines: over
+# 3 minutes of the grader's CPU, outside any student budget): past this many, such lines become
+# `pass` (`_plain_transform`), as where IPython is not installed.
+MAX_MAGIC_LINES = 100
 PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
 
 _MAGIC_LINE = re.compile(r"^[ \t]*[%!]|\?[ \t]*$", re.MULTILINE)
@@ -142,6 +147,10 @@ def capped_cells(sources: list[str]) -> list[str]:
     literal is hundreds of megabytes of syntax tree), and what it defined is missing."""
     out, total = [], 0
     for n, source in enumerate(sources, 1):
+        if n > MAX_CODE_CELLS:  # (a million empty cells are a gigabyte of parse: the rest is dropped)
+            out.append(f"raise MemoryError('the notebook has {len(sources):,} code cells, more than the "
+                       f"{MAX_CODE_CELLS:,} the grader reads; this cell and the ones after it were not run')\n")
+            return out
         size = len(source.encode("utf-8", "surrogatepass"))
         total += size
         if size > MAX_CELL_BYTES or total > MAX_CODE_BYTES:
@@ -237,6 +246,8 @@ def to_python(source: str) -> str:
     source = _TIMING_LINE.sub(_timed_statement, source)
     if not _MAGIC_LINE.search(source):
         return source
+    if len(_MAGIC_LINE.findall(source)) > MAX_MAGIC_LINES:
+        return _plain_transform(source)
     transformed = _ipython_transform(source)
     return transformed if transformed is not None else _plain_transform(source)
 

@@ -5,8 +5,10 @@ report's identical-code and similarity flags (`report/`).
 
 The cells are the Python the grader runs (`notebook.notebook_cells`: every cell over the size
 cap is already a one-line `raise`, so nothing here parses a huge cell), and each tree is the
-parse of exactly that text: a cell that does not parse has no tree, as it defines nothing when
-run. Each cell is parsed at most once, on first use; the trees are shared and never changed.
+parse of exactly that text: a cell with a SyntaxError has no tree, as it defines nothing when
+run; one the grader cannot read for depth is replaced by a `raise` (`UNREADABLE_CELL`), so the
+child never runs code the checks did not read. Each cell is parsed once, when the submission is
+made; the trees are shared and never changed.
 """
 from __future__ import annotations
 
@@ -26,8 +28,18 @@ class ParsedSubmission:
     with their syntax trees, symbol table and top-level definitions, each made on first use."""
 
     def __init__(self, cells: Iterable[str] | None, path: str | os.PathLike | None = None):
-        """cells: the cells as they run (`notebook_cells`); anything not a str is an empty cell."""
-        self.cells: tuple[str, ...] = tuple(c if isinstance(c, str) else "" for c in (cells or ()))
+        """cells: the cells as they run (`notebook_cells`); anything not a str is an empty cell.
+        A cell the grader cannot read (nested past its recursion limit, out of memory: not a
+        SyntaxError, which the child meets too) is replaced by a line that raises, so what the
+        child runs is what the checks read (`UNREADABLE_CELL`)."""
+        sources = [c if isinstance(c, str) else "" for c in (cells or ())]
+        parses = [_parse(source) for source in sources]
+        for n, (tree, why) in enumerate(parses):
+            if why:
+                sources[n] = UNREADABLE_CELL.format(why=why)
+                parses[n] = (_parse(sources[n])[0], None)
+        self.cells: tuple[str, ...] = tuple(sources)
+        self._trees = tuple(tree for tree, _ in parses)
         self.path = path
 
     @classmethod
@@ -58,10 +70,10 @@ class ParsedSubmission:
         return self.cells[index]
 
     # -- the parse ---------------------------------------------------------------------------------
-    @cached_property
+    @property
     def trees(self) -> tuple[ast.Module | None, ...]:
         """Each cell's syntax tree (index = cell number - 1); None where it does not parse."""
-        return tuple(_parse(source) for source in self.cells)
+        return self._trees
 
     @cached_property
     def symbols(self) -> Notebook:
@@ -116,18 +128,44 @@ def parsed(notebook) -> ParsedSubmission:
 
 # Deeply nested code (a chain of 5,000 attributes fits in a capped cell) recurses once per level
 # in ast's conversion and in the symbol table's walks: at Python's default limit (1,000) such a
-# cell would stay unparsed and the static check blind to it. 3,000 frames fit the grader's
-# 8 MiB thread stacks. (jedi, imported with IPython, used to raise it so as a side effect.)
+# cell would go unread. 3,000 frames fit the default 8 MiB stack of the grader's threads. (jedi,
+# imported with IPython, used to raise the limit so as a side effect.) Deeper code is replaced
+# by UNREADABLE_CELL: the child could run it after raising its own limit, unchecked.
 PARSE_RECURSION_LIMIT = 3000
+UNREADABLE_CELL = ("raise RecursionError('the grader could not read this cell ({why}): it nests "
+                   "too deeply; write it with fewer levels. The cell was not run.')\n")
 
 
-def _parse(source: str) -> ast.Module | None:
+def _parse(source: str) -> tuple[ast.Module | None, str | None]:
+    """(the cell's tree or None, None or why the grader cannot read a cell the child could run)."""
     if sys.getrecursionlimit() < PARSE_RECURSION_LIMIT:
         sys.setrecursionlimit(PARSE_RECURSION_LIMIT)
     try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # (ValueError: null bytes)
-        return None
+        return ast.parse(source), None
+    except SyntaxError as e:
+        if "integer string conversion" not in str(e):
+            return None, None  # (the child meets the same SyntaxError)
+        return _parse_long_integers(source)
+    except ValueError:  # null bytes: the child's compile refuses them too
+        return None, None
+    except (RecursionError, MemoryError) as e:
+        return None, type(e).__name__
+
+
+def _parse_long_integers(source: str) -> tuple[ast.Module | None, str | None]:
+    """A cell with an integer literal past Python's digit limit, which the student's code can
+    lift (`sys.set_int_max_str_digits(0)`) before the cell runs: read without the limit (a
+    capped cell's literal costs well under a second)."""
+    old = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(0)
+        return ast.parse(source), None
+    except (SyntaxError, ValueError):
+        return None, None
+    except (RecursionError, MemoryError) as e:
+        return None, type(e).__name__
+    finally:
+        sys.set_int_max_str_digits(old)
 
 
 _DEFINITION = re.compile(r"[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")

@@ -106,3 +106,19 @@ def test_calls_from_several_threads_never_see_each_others_defaults():
     b.join(10)
     assert out["a"].meta[0]["dtype"] == "float64" and out["b"].meta[0]["dtype"] == "float32"
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_module_moved_to_fake_cuda_is_laid_out_as_on_a_gpu():
+    """`module.to("cuda")` makes an expanded (overlapping) buffer contiguous and keeps a dense
+    transposed one as it is: the device check's moved module does the same, so `.view` on it
+    passes or fails as it would on a GPU."""
+    from autograder.runtime.device_check import FakeCuda, move_module
+
+    module = torch.nn.Module()
+    module.register_buffer("expanded", torch.zeros(1, 4).expand(3, 4))
+    module.register_buffer("transposed", torch.zeros(4, 3).t())
+    with FakeCuda():
+        move_module(module, "cuda", torch.float32)
+        assert module.expanded.device.type == "cuda" and module.expanded.is_contiguous()
+        assert module.expanded.view(12).shape == (12,)
+        assert module.transposed.stride() == (1, 3)

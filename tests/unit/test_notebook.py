@@ -60,3 +60,26 @@ def test_ipython_syntax_becomes_python_that_keeps_definitions():
     assert "def f(x):" in py and "    y = x + 1" in py
     assert to_python("%%time\ndef g():\n    return 1\n").splitlines()[1] == "def g():"
     assert "rm" not in to_python("%%bash\nrm -rf /\n")
+
+
+def test_many_code_cells_are_cut_at_the_cap():
+    """A million empty cells would be a gigabyte of parse in the grader: past MAX_CODE_CELLS
+    one cell says why, and the rest are not read."""
+    from autograder.source.notebook import MAX_CODE_CELLS, capped_cells
+
+    cells = capped_cells(["x = 1\n"] * (MAX_CODE_CELLS + 5000))
+    assert len(cells) == MAX_CODE_CELLS + 1
+    assert cells[-1].startswith("raise MemoryError(") and "not run" in cells[-1]
+    assert cells[:MAX_CODE_CELLS] == ["x = 1\n"] * MAX_CODE_CELLS
+
+
+def test_a_cell_of_many_magic_lines_skips_ipythons_slow_transformer(monkeypatch):
+    """IPython's transformer took minutes of the grader's CPU on 99 kB of `!a` lines, outside any
+    budget: past MAX_MAGIC_LINES such lines become `pass`, without it."""
+    from autograder.source import notebook
+
+    def slow(source):
+        raise AssertionError("IPython's transformer ran")
+    monkeypatch.setattr(notebook, "_ipython_transform", slow)
+    out = to_python("x = 1\n" + "!a\n" * (notebook.MAX_MAGIC_LINES + 1))
+    assert out.splitlines()[0] == "x = 1" and set(out.splitlines()[1:]) == {"pass"}

@@ -131,3 +131,29 @@ def test_a_method_of_the_same_name_in_a_failed_cell_is_not_where_the_name_is_def
     tests = [_missing("softmax")]
     _failed_definitions(CHAPTERS[CH1], tests, source, info)
     assert tests[0].note == "`softmax` is not defined in the notebook."
+
+
+FORBIDDEN_SDPA = "def scaled_dot_product_attention(q, k, v, mask=None):\n    return F.scaled_dot_product_attention(q, k, v)\n"
+
+
+def test_a_cell_the_grader_cannot_read_for_depth_is_not_run_unread():
+    """A student lifts the child's recursion limit, then hides a forbidden call in a cell too
+    deep for the grader's parse: the child would run what the static check never read. The cell
+    is replaced by a line that raises, so what runs is what was checked."""
+    deep = FORBIDDEN_SDPA + "_ = q" + ".T" * 12000 + "\n"
+    source = ParsedSubmission(["import sys\nsys.setrecursionlimit(100000)\n", deep])
+    assert source.cells[1].startswith("raise RecursionError(")
+    assert "not run" in source.cells[1] and source.trees[1] is not None
+    compile(source.cells[1], "<cell 2>", "exec")  # (what the child runs: a plain raise)
+
+
+def test_a_long_integer_literal_does_not_hide_a_forbidden_call():
+    """Python refuses an integer literal past 4,300 digits, unless the student's earlier cell
+    lifts the limit, after which the child runs the cell: the grader reads it without the limit."""
+    import sys
+
+    cells = ["import sys\nimport torch.nn.functional as F\nsys.set_int_max_str_digits(0)\n",
+             FORBIDDEN_SDPA.replace("    return", "    _ = " + "9" * 5000 + "\n    return")]
+    result = findings(ParsedSubmission(cells), CHAPTERS["02_scaled_dot_product_attention"], {})
+    assert result["scaled_dot_product_attention"].forbidden_names
+    assert sys.get_int_max_str_digits() == 4300  # (the grader's own limit is back)
