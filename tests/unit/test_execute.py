@@ -1,7 +1,9 @@
 """The executor: torch's global state is reset around every graded and self-check call, so a
-notebook's global settings change no score, and the caller's settings come back afterwards."""
+notebook's global settings change no score, and the caller's settings come back afterwards; an
+exception a signal handler of the grader's own process raises during a trusted call is no outcome."""
 import contextlib
 import io
+import signal
 
 import nbformat
 import pytest
@@ -122,3 +124,67 @@ def test_a_module_moved_to_fake_cuda_is_laid_out_as_on_a_gpu():
         assert module.expanded.device.type == "cuda" and module.expanded.is_contiguous()
         assert module.expanded.view(12).shape == (12,)
         assert module.transposed.stride() == (1, 3)
+
+
+class HostTimeout(BaseException):
+    """What a test runner's timeout raises from its SIGALRM handler (pytest-timeout's `Failed`)."""
+
+
+@contextlib.contextmanager
+def host_handler_raising_on_sigusr1():
+    """A handler of this process's own that raises HostTimeout on SIGUSR1, as pytest-timeout's
+    raises `Failed` on SIGALRM, wherever the main thread is when the signal comes."""
+    def handler(signum, frame):
+        raise HostTimeout("Timeout >600.0s")
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def softmax_signalled_on_fake_cuda(namespace: dict) -> dict:
+    """`namespace` with a softmax during whose device check (fake CUDA) the host's signal comes:
+    what a loaded machine did to chapter 8's TinyTransformer when the test's 600 s ran out."""
+    real = namespace["softmax"]
+
+    def softmax(x, *args, **kwargs):
+        if x.device.type == "cuda":
+            signal.raise_signal(signal.SIGUSR1)
+        return real(x, *args, **kwargs)
+    return {**namespace, "softmax": softmax}
+
+
+def test_a_host_signal_during_trusted_grading_stops_it_instead_of_costing_points():
+    chapter = CHAPTERS["01_intuition"]
+    namespace = softmax_signalled_on_fake_cuda(load_reference(chapter.id))
+    with host_handler_raising_on_sigusr1(), pytest.raises(HostTimeout):
+        Grader(device="cpu").grade_namespace(chapter, namespace, exercises=["softmax"])
+
+
+def test_a_host_signal_while_a_reference_is_computed_caches_no_outcome(monkeypatch):
+    from autograder.references import cache
+    from autograder.grading.variants import variants
+
+    reference = load_reference("01_intuition")
+    references = cache.ReferenceCache()
+    calls = references.cases("01_intuition", "softmax", 0, True)
+    index, call = variants(calls, "fake-cuda")[0]
+    key = cache.reference_key("01_intuition", "softmax", 0, True, index, call)
+    monkeypatch.setattr(cache, "load_reference", lambda _: softmax_signalled_on_fake_cuda(reference))
+    with host_handler_raising_on_sigusr1(), pytest.raises(HostTimeout):
+        references.expected(call, key)
+    assert references.count() == 0
+    monkeypatch.setattr(cache, "load_reference", lambda _: reference)
+    assert references.expected(call, key).error is None
+
+
+def test_student_code_that_raises_a_base_exception_is_still_an_outcome():
+    """Untrusted code (a sandboxed child, a self-check) may raise anything: it is recorded."""
+    from autograder.shared.calls import Call
+    from autograder.runtime.execute import execute
+
+    def leaves():
+        raise SystemExit(1)
+    out = execute({"leaves": leaves}, Call("x", "leaves", "exits", "leaves"))
+    assert out.error["type"] == "SystemExit"
