@@ -23,15 +23,17 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from .runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
-from .shared import wire
-from .cases.written_answers import check_form, form, shape_words
-from .shared.calls import Call, Outcome
-from .grading.compare import Mismatch
-from .shared.contract import CHAPTERS
-from .runtime.execute import at_float32, execute
+from ..runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
+from ..shared import wire
+from ..shared.calls import Call, Outcome
+from ..shared.contract import CHAPTERS
+from ..runtime.execute import execute
+from ..grading.variants import variants
+from .answers import check_form, shape_words
+from ..grading.compare import Mismatch
+from .verdict import forbidden_message, judge
 
-DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
+DATA = Path(__file__).resolve().parent.parent / "data" / "selfcheck.agw"
 
 
 class SelfCheckFailed(AssertionError):
@@ -47,56 +49,10 @@ def _fixtures() -> dict:
     return wire.load(DATA)
 
 
-def build_fixtures() -> dict:
-    """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
-    meta-device variant as the grader runs it); of a written answer, only its form."""
-    from .cases import build_cases
-    from .grading.variants import variants
-    from .cases.inputs import SELF_CHECK_SEED
-    from .references.solutions import load_reference
-
-    data = {}
-    for chapter in CHAPTERS.values():
-        ref = load_reference(chapter.id)
-        for ex in chapter.exercises:
-            cases = build_cases(chapter.id, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
-            if ex.kind == "answer":  # never the value: the shape asked for, nothing a loop could invert
-                data[f"{chapter.id}/{ex.name}"] = [
-                    {"call": c.to_plain(), "expected": form(execute(ref, c)).to_plain(), "expected_meta": None}
-                    for c in cases]
-                continue
-            meta = dict(variants(cases[:1], FAKE_CUDA))  # the device check, as the grader's
-            data[f"{chapter.id}/{ex.name}"] = [
-                {"call": c.to_plain(), "expected": _with_float32(execute(ref, c), ref, c).to_plain(),
-                 "expected_meta": execute(ref, meta[i]).to_plain() if i in meta else None}
-                for i, c in enumerate(cases)]
-    return data
-
-
-def _with_float32(expected: Outcome, ref: dict, c: Call) -> Outcome:
-    expected.at_float32 = None if expected.error else at_float32(ref, c)
-    return expected
-
-
-def write_fixtures(path: Path = DATA) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    wire.save(build_fixtures(), path)
-
-
 def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
     """(call, mismatch or None, note) for each quick case up to the first failure, then the
-    first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
+    first case on the meta device; judged by the grader's own rule (`verdict.judge`). A written
     answer: its form only (`answers.check_form`), whatever its value."""
-    from .cases.other_kinds import symptoms_only
-
-    with symptoms_only():  # a find-the-bug hint names the symptom here, never the fix
-        return _run_checks(chapter, exercise, obj)
-
-
-def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
-    from .grading.judge import forbidden_message, judge
-    from .grading.variants import variants
-
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}
     results = []
@@ -108,7 +64,8 @@ def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, st
         return results
     for entry in entries:
         c = Call.from_plain(entry["call"])
-        verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]))
+        verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]),
+                        entry["hints"], entry.get("probe"))
         m = verdict.mismatch
         if m is None and verdict.forbidden:
             m = Mismatch("forbidden", forbidden_message(ex, verdict.forbidden))
@@ -119,7 +76,7 @@ def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, st
     if first["expected_meta"] is not None:
         (_, c), = variants([Call.from_plain(first["call"])], FAKE_CUDA)
         student = execute(namespace, c)
-        m = judge(ex, c, student, Outcome.from_plain(first["expected_meta"])).mismatch
+        m = judge(ex, c, student, Outcome.from_plain(first["expected_meta"]), first["hints_meta"]).mismatch
         results.append((c, None if unchecked(student) else m, ""))
     return results
 
