@@ -5,17 +5,21 @@
 
 It runs a few fast cases in the student's own kernel and compares with expected outcomes stored
 in `autograder/data/selfcheck.agw` (made from the reference solutions by
-`python -m autograder selfcheck-data`), so it needs neither the solutions nor the grader's
-hidden cases, and reveals no reference code. Failures raise `SelfCheckFailed` with the same
-diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint;
-except that a find-the-bug hint (`fixed_*`) names the symptom only, never the fix
-(`cases.extra.symptoms_only`): finding the fix is the exercise.
+`python -m autograder selfcheck-data`, `cases/selfcheck_data.py`), so it needs neither the
+solutions nor the grader's hidden cases, and reveals no reference code. Failures raise
+`SelfCheckFailed` with the same diagnosis the autograder gives (`verdict.judge`): the first
+failing aspect, the largest error and where, a hint; except that a find-the-bug hint
+(`fixed_*`) names the symptom only, never the fix: finding the fix is the exercise.
+
+This folder, with what it imports, is the student package (`tools/build_student_dist.py`): it
+holds no mistake model (those are working answers, and stay in `autograder/cases/`); the hints
+come from the models' predictions on the quick cases, stored in the data.
 
 A written answer ("predict the output", contract kind "answer") is the exception: this check
 runs where the student can read and patch everything, so its data hold no expected value for
-it, only the shape the question asks for (`answers.form`). It checks the answer's form (not
-`...`, numbers, that shape) and says the answer is recorded, with the same words for a right
-and a wrong value; the autograder, which computes the expected value from the reference
+it, only the shape the question asks for. It checks the answer's form (`answers.check_form`:
+not `...`, numbers, that shape) and says the answer is recorded, with the same words for a
+right and a wrong value; the autograder, which computes the expected value from the reference
 solutions, checks the value.
 """
 from __future__ import annotations
@@ -28,9 +32,9 @@ from ..shared import wire
 from ..shared.calls import Call, Outcome
 from ..shared.contract import CHAPTERS
 from ..runtime.execute import execute
+from ..grading.compare import Mismatch
 from ..grading.variants import variants
 from .answers import check_form, shape_words
-from ..grading.compare import Mismatch
 from .verdict import forbidden_message, judge
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "selfcheck.agw"

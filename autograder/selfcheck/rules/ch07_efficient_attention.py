@@ -63,7 +63,7 @@ def compare(call, student, expected, notes=None):
         return None
     limit = memory_limit(call, expected)
     if largest[0] > limit:
-        q, k = call.args[0], call.args[1]
+        k = call.args[1]
         full = math.prod(expected.meta[0]["shape"][:-1]) * k.shape[-2]
         whole = f": {full} elements is the whole L_q x L_k score matrix" if largest[0] >= full else ""
         return Mismatch("memory", f"the values are right, but a tensor of {largest[0]} elements was created "
