@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _selfcheck_data(args) -> int:
-    from .selfcheck import DATA, write_fixtures
+    from .cases.selfcheck_data import DATA, write_fixtures
     write_fixtures()
     print(f"wrote {DATA}")
     return 0

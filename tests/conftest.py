@@ -120,6 +120,12 @@ SLOW: dict[str, str] = {
         "self-checks and grades each unfixed bug",
     "course/test_selfcheck.py::test_committed_fixtures_match_the_references": "rebuilds the self-check data",
     "course/test_written_answers.py::test_the_self_check_data_hold_no_answer": "rebuilds the self-check data",
+    "course/test_student_package.py::test_nothing_in_the_student_package_scores_an_exercise_in_full":
+        "tries every function of the student package on every exercise",
+    "course/test_student_package.py::test_the_scan_finds_the_answers_the_mistake_models_hold":
+        "tries the mistake models on two chapters' exercises",
+    "course/test_student_package.py::test_the_self_check_says_what_the_graders_judge_says":
+        "self-checks every mistake of the chapter suites twice",
     "course/test_written_answers.py::test_no_written_answer_can_be_computed_from_the_package":
         "tries many values through the package's hints",
     "course/test_written_answers.py::test_brute_force_gets_the_same_verdict_for_right_and_wrong_answers":

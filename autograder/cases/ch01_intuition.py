@@ -12,6 +12,7 @@ import torch
 
 from .inputs import randn
 from . import Hints, Mistake, call
+from ..selfcheck.rules.ch01_intuition import EXPLAIN, _dim_of, _x
 
 
 def cases(exercise, gen, ref, quick):
@@ -112,10 +113,6 @@ def _pool_cases(gen, quick):
 
 
 # ----------------------------------------------------------------------------- hints
-def _dim_of(call) -> int:
-    if "dim" in call.kwargs:
-        return call.kwargs["dim"]
-    return call.args[1] if len(call.args) > 1 else -1
 
 
 def _stable(x, dim, keep_empty=False):
@@ -130,10 +127,6 @@ def _stable(x, dim, keep_empty=False):
 
 def _normalise(e, dim):
     return e / e.sum(dim, keepdim=True)
-
-
-def _x(call):
-    return call.args[0].double()
 
 
 def _large(call) -> bool:
@@ -170,19 +163,6 @@ def _softmax_mistakes(call):
     )
 
 
-def _softmax_explain(call, student, expected, mismatch) -> str | None:
-    if mismatch.aspect == "error" and ("size of tensor" in mismatch.message or "expand" in mismatch.message):
-        return ("the maximum or the sum along `dim` does not broadcast back against x: reduce with "
-                "keepdim=True (x.max(dim, keepdim=True).values, .sum(dim, keepdim=True))")
-    x = _x(call)
-    neg_inf = torch.isinf(x) & (x < 0)
-    y = student.outputs[0] if student.outputs else None
-    if (mismatch.aspect == "values" and y is not None and y.shape == x.shape and neg_inf.any()
-            and (y.double()[neg_inf] != 0).any()):
-        return "-inf entries must get probability exactly 0 (exp(-inf) = 0); do not replace them"
-    return None
-
-
 def _scores(call):
     query, keys = call.args[0].double(), call.args[1].double()
     return (keys @ query.unsqueeze(-1)).squeeze(-1)  # (..., n)
@@ -211,25 +191,11 @@ def _pool_mistakes(call):
     )
 
 
-def _pool_explain(call, student, expected, mismatch) -> str | None:
-    query, keys, values = call.args[:3]
-    if mismatch.aspect == "shape" and mismatch.output == 0 and student.meta and "shape" in student.meta[0]:
-        got = student.meta[0]["shape"]
-        if got and got[-1] == keys.shape[-1] != values.shape[-1]:
-            return ("the output has the keys' feature size d: it is the weighted sum of the values, "
-                    "(..., d_v)")
-    if query.dim() > 1 and (mismatch.aspect == "shape" or mismatch.about_shapes):
-        return ("this works without batch dimensions but not with them: use keys @ query.unsqueeze(-1) "
-                "(or einsum over the last axis) and weights.unsqueeze(-2) @ values, not .T or fixed "
-                "dimension numbers")
-    return None
-
-
 HINTS = {
     "softmax": Hints(_softmax_mistakes, correct=lambda c: _stable(_x(c), _dim_of(c), keep_empty=True),
-                     explain=_softmax_explain),
+                     explain=EXPLAIN["softmax"]),
     "attention_pool": Hints(_pool_mistakes, correct=lambda c: _pool(c, torch.softmax(_scores(c), -1)),
-                            explain=_pool_explain,
+                            explain=EXPLAIN["attention_pool"],
                             weights_right="the weights are right but the output is not: the output is the "
                                           "weighted sum of the values, (weights.unsqueeze(-2) @ values).squeeze(-2)"),
 }

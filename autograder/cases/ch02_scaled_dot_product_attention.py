@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 
 from .inputs import bool_mask, distinct_state, float_mask, randn
 from . import Hints, Mistake, call
-from .mistake_models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, nan_gradients_explain, softmax_weights)
+from ..selfcheck.rules.ch02_scaled_dot_product_attention import EXPLAIN
+from .mistake_models import (FLOAT_MASK_AS_BOOL, bool_given, float_given, fully_masked_row, softmax_weights)
 
 
 def cases(exercise, gen, ref, quick):
@@ -118,7 +118,6 @@ _bool_mask, _float_mask = bool_given("mask"), float_given("mask")
 
 
 _fully_masked = fully_masked_row("mask")
-_nan_gradients = nan_gradients_explain("mask")
 
 
 SDPA_MISTAKES = (
@@ -135,25 +134,9 @@ SDPA_MISTAKES = (
             "(-1e9 instead of -inf, or no zeroing after the softmax?)", _weights(fill="uniform"), when=_fully_masked),
 )
 
-_ONE_BATCH_AXIS = re.compile(r"3D|3-dimensional|Dimension out of range|must be a 3D")
-
-
-def _sdpa_explain(call, student, expected, mismatch):
-    """torch.bmm / transpose(1, 2) assume exactly one batch axis (d2l's DotProductAttention);
-    NaN gradients from nan_to_num after the softmax."""
-    nan_gradients = _nan_gradients(call, student, expected, mismatch)
-    if nan_gradients:
-        return nan_gradients
-    if mismatch.aspect == "error" and call.args and call.args[0].dim() != 3 and student.error \
-            and _ONE_BATCH_AXIS.search(student.error.get("message", "")):
-        return (f"this case has {call.args[0].dim() - 2} batch axes, and the code assumes exactly one "
-                "(torch.bmm, transpose(1, 2)): use q @ k.transpose(-2, -1) and weights @ v, which take any "
-                "number of leading batch axes")
-    return None
-
 
 HINTS = {
     "scaled_dot_product_attention": Hints(
-        SDPA_MISTAKES, correct=attend, explain=_sdpa_explain,
+        SDPA_MISTAKES, correct=attend, explain=EXPLAIN["scaled_dot_product_attention"],
         weights_right="the weights are right but the output is not: multiply the weights by v (weights @ v)"),
 }

@@ -15,13 +15,14 @@ equally good float32 formula.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 from .inputs import distinct_state, randn
 from . import Hints, Mistake, call
+from ..selfcheck.rules.ch04_positional_encoding import (  # noqa: F401  (compare: the chapter's rule)
+    EXPLAIN, STRUCTURE_CASE, _table_args, compare)
 
 
 def cases(exercise, gen, ref, quick):
@@ -34,16 +35,6 @@ def cases(exercise, gen, ref, quick):
     if exercise == "apply_rotary_embedding":
         return _rope_cases(gen, quick)
     raise KeyError(exercise)
-
-
-def compare(call, student, expected, notes=None):
-    """The generic comparison; SinusoidalPositionalEncoding's buffer shape only in its structure case."""
-    from ..grading import compare as generic
-
-    if call.exercise == "SinusoidalPositionalEncoding" and call.case != STRUCTURE_CASE \
-            and student.params is not None and set(student.params) == set(expected.params or {}):
-        student = dataclasses.replace(student, params=expected.params)  # names checked, shapes not here
-    return generic.compare(call, student, expected, notes)
 
 
 # ----------------------------------------------------------------------------- cases
@@ -62,9 +53,6 @@ def _table_cases(quick):
         call("float32 default dtype: the table is float32, max_len=16, d_model=10", 16, 10,
              as_default=True, dtype="float32"),
     ]
-
-
-STRUCTURE_CASE = "the buffer pe is the (max_len, d_model) table: d_model=8, max_len=20, x (2, 5, 8)"
 
 
 def _sinusoidal_module_cases(gen, quick):
@@ -156,12 +144,6 @@ def _table(max_len, d_model, *, swap=False, exponent="2i", concat=False, transpo
     return table.T if transpose else table
 
 
-def _table_args(call):
-    args = list(call.args) + [call.kwargs.get("max_len"), call.kwargs.get("d_model")]
-    values = [a for a in args if a is not None]
-    return int(values[0]), int(values[1])
-
-
 _TABLE_MISTAKES = [
     ({"swap": True}, "sin and cos are swapped: even columns 2i hold the sine, odd columns 2i+1 the cosine"),
     ({"exponent": "i"}, "the exponent is i/d_model: use 10000^(2i/d_model), where 2i is the even column index"),
@@ -170,36 +152,6 @@ _TABLE_MISTAKES = [
     ({"concat": True}, "the sines and cosines are concatenated ([sin | cos]); they must interleave: "
                        "PE[:, 0::2] = sin, PE[:, 1::2] = cos"),
 ]
-
-
-def _length_hint(call, student, mismatch):
-    """The ValueError is missing, or raised for L == max_len too."""
-    if mismatch.aspect == "expected-error":
-        return ("check the sequence length first: raise ValueError when x.shape[1] > max_len "
-                "(x.shape[1] == max_len is allowed)")
-    if mismatch.aspect == "error" and mismatch.message.startswith("ValueError"):
-        return "L == max_len is allowed: raise ValueError only when L > max_len (use >, not >=)"
-    return None
-
-
-def _table_explain(call, student, expected, mismatch):
-    max_len, d_model = _table_args(call)
-    if mismatch.aspect == "shape" and student.meta and "shape" in student.meta[0]:
-        shape = tuple(student.meta[0]["shape"])
-        if shape == (d_model, max_len):
-            return "the table is transposed: rows are positions, columns are features (max_len, d_model)"
-        if d_model % 2 and shape == (max_len, d_model + 1):
-            return ("an odd d_model gives one column too many: build d_model columns, the last one a sine "
-                    "(cos fills only the d_model // 2 odd columns)")
-        if len(shape) == 3:
-            return "return a (max_len, d_model) table without a batch dimension"
-    if d_model % 2 and mismatch.about_shapes:
-        return ("an odd d_model has one sine column more than cosine columns: "
-                "pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])")
-    if mismatch.aspect == "dtype":
-        return ("the table must have torch's default dtype (torch.get_default_dtype()): do not fix "
-                "dtype=torch.float32 or go through numpy")
-    return None
 
 
 def _x(call):
@@ -214,25 +166,6 @@ def _with_table(kw, fn=lambda x, pe: x + pe, offset=0):
         L, d_model = x.shape[-2], x.shape[-1]
         return fn(x, _table(L + offset, d_model, **kw)[offset:])
     return model
-
-
-def _sinusoidal_module_explain(call, student, expected, mismatch):
-    if mismatch.aspect == "params":
-        if "no parameter or buffer named pe" in mismatch.message:
-            return ("keep the table as a buffer: self.register_buffer('pe', table) in __init__ (so "
-                    ".to(device) moves it and it is not a trainable parameter)")
-        return ("the buffer `pe` must be the (max_len, d_model) table itself, as "
-                "sinusoidal_positional_encoding(max_len, d_model) returns it")
-    return _length_hint(call, student, mismatch)
-
-
-def _learned_explain(call, student, expected, mismatch):
-    h = _length_hint(call, student, mismatch)
-    if h:
-        return h
-    if mismatch.aspect == "params":
-        return "the module needs exactly one layer, embedding = nn.Embedding(max_len, d_model)"
-    return None
 
 
 def _embedding(call, offset=0):
@@ -271,17 +204,10 @@ def _rope_model(**kw):
     return lambda c: _rope(c.args[0], _rope_base(c), **kw)
 
 
-def _rope_explain(call, student, expected, mismatch):
-    if call.args[0].dim() > 2 and (mismatch.aspect == "shape" or mismatch.about_shapes):
-        return ("this fails with leading batch dimensions: positions index the second-to-last axis "
-                "(L = x.shape[-2]) and pairs the last one; use ... indexing (x[..., 0::2])")
-    return None
-
-
 HINTS = {
     "sinusoidal_positional_encoding": Hints(
         tuple(Mistake(text, lambda c, kw=kw: _table(*_table_args(c), **kw)) for kw, text in _TABLE_MISTAKES),
-        correct=lambda c: _table(*_table_args(c)), explain=_table_explain),
+        correct=lambda c: _table(*_table_args(c)), explain=EXPLAIN["sinusoidal_positional_encoding"]),
     "SinusoidalPositionalEncoding": Hints(
         tuple(Mistake(text, _with_table(kw)) for kw, text in _TABLE_MISTAKES) + (
             Mistake("forward returns the table alone: return x + pe[:L]",
@@ -289,13 +215,13 @@ HINTS = {
             Mistake("x is scaled by sqrt(d_model): forward returns x + pe[:L], x unscaled",
                     _with_table({}, lambda x, pe: x * math.sqrt(x.shape[-1]) + pe)),
             Mistake("positions start at 0: add pe[:L], the rows 0 … L-1", _with_table({}, offset=1)),
-        ), correct=_with_table({}), explain=_sinusoidal_module_explain),
+        ), correct=_with_table({}), explain=EXPLAIN["SinusoidalPositionalEncoding"]),
     "LearnedPositionalEmbedding": Hints((
         Mistake("forward returns the embedding alone: return x + embedding(positions)",
                 lambda c: _embedding(c).expand_as(c.args[0])),
         Mistake("positions start at 0: embed torch.arange(L) (0 … L-1), not 1 … L",
                 lambda c: _x(c) + _embedding(c, offset=1)),
-    ), correct=lambda c: _x(c) + _embedding(c), explain=_learned_explain),
+    ), correct=lambda c: _x(c) + _embedding(c), explain=EXPLAIN["LearnedPositionalEmbedding"]),
     "apply_rotary_embedding": Hints((
         Mistake("the first half is rotated against the second half (GPT-NeoX style); the contract rotates "
                 "interleaved pairs (x[..., 2i], x[..., 2i+1])", _rope_model(halves=True)),
@@ -307,5 +233,5 @@ HINTS = {
         Mistake("positions start at 0 (the first row is not rotated), not at 1", _rope_model(offset=1)),
         Mistake("the `base` argument is ignored: the angle of pair i is p · base^(-2i/d)",
                 lambda c: _rope(c.args[0], 10000.0), when=lambda c: _rope_base(c) != 10000.0),
-    ), correct=_rope_model(), explain=_rope_explain),
+    ), correct=_rope_model(), explain=EXPLAIN["apply_rotary_embedding"]),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import Hints, Mistake, call
+from ..selfcheck.rules.ch05_masks import EXPLAIN, _pad_id
 
 DEVICE = "$device"
 
@@ -78,44 +79,10 @@ def _token_cases(gen, quick, name):
 
 
 # ----------------------------------------------------------------------------- hints
-def _pad_id(call) -> int:
-    if "pad_id" in call.kwargs:
-        return int(call.kwargs["pad_id"])
-    return int(call.args[1]) if len(call.args) > 1 else 0
-
-
-def _shape(student):
-    if student.meta and "shape" in student.meta[0]:
-        return tuple(student.meta[0]["shape"])
-    return None
-
-
-_DTYPE = ("return a boolean mask (dtype=torch.bool), True where attention is allowed: not 0/1 "
-          "integers and not an additive 0/-inf float mask")
 
 
 def _tril(L, diagonal=0):
     return torch.tril(torch.ones(L, L, dtype=torch.bool), diagonal)
-
-
-def _causal_explain(call, student, expected, mismatch):
-    if mismatch.aspect == "dtype":
-        return _DTYPE
-    if mismatch.aspect == "device":
-        return "create the mask on the requested device: torch.ones(L, L, dtype=torch.bool, device=device)"
-    return None
-
-
-def _form_explain(want, how: str):
-    """The hint for a token mask of the wrong dtype or shape (want(B, L) is the right shape)."""
-    def explain(call, student, expected, mismatch):
-        if mismatch.aspect == "dtype":
-            return _DTYPE
-        shape = _shape(student)
-        if mismatch.aspect == "shape" and shape is not None and shape != want(*call.args[0].shape):
-            return f"the mask has shape {shape}; it must be {how}"
-        return None
-    return explain
 
 
 def _decoder(how):
@@ -147,15 +114,14 @@ HINTS = {
                 "the lower triangle (torch.tril)", lambda c: _tril(int(c.args[0])).T),
         Mistake("the diagonal must be True: each position may attend to itself (torch.tril with diagonal=0)",
                 lambda c: _tril(int(c.args[0]), -1)),
-    ), correct=lambda c: _tril(int(c.args[0])), explain=_causal_explain),
+    ), correct=lambda c: _tril(int(c.args[0])), explain=EXPLAIN["causal_mask"]),
     "padding_mask": Hints((
         Mistake("the mask is inverted: True where the token is NOT padding (True = may attend)",
                 lambda c: (c.args[0] == _pad_id(c))[:, None, None, :]),
         Mistake("the pad_id argument is ignored: compare the tokens with pad_id, not with 0",
                 lambda c: (c.args[0] != 0)[:, None, None, :], when=lambda c: _pad_id(c) != 0),
     ), correct=lambda c: (c.args[0] != _pad_id(c))[:, None, None, :],
-        explain=_form_explain(lambda B, L: (B, 1, 1, L), "(B, 1, 1, L) so it broadcasts over heads and "
-                              "query positions: (tokens != pad_id)[:, None, None, :]")),
+        explain=EXPLAIN["padding_mask"]),
     # With right padding, masking padded query rows and masking padded queries instead of keys
     # give the same mask: the first message is true of both, the second is looked for only where
     # they differ.
@@ -178,6 +144,5 @@ HINTS = {
         Mistake("the pad_id argument is ignored: compare the tokens with pad_id, not with 0",
                 _decoder(lambda k, q, c, t: (t != 0)[:, None, None, :] & c), when=lambda c: _pad_id(c) != 0),
     ), correct=_decoder(lambda k, q, c, t: k & c),
-        explain=_form_explain(lambda B, L: (B, 1, L, L), "(B, 1, L, L): padding_mask (B, 1, 1, L) & "
-                              "causal_mask (L, L) broadcast to it")),
+        explain=EXPLAIN["decoder_mask"]),
 }

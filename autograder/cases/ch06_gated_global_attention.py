@@ -17,6 +17,7 @@ import torch
 
 from .inputs import distinct_state, randn
 from . import Hints, Mistake, call
+from ..selfcheck.rules.ch06_gated_global_attention import EXPLAIN
 from .mistake_models import given, linear, softmax_weights
 
 
@@ -311,29 +312,9 @@ FORWARD_MISTAKES = [
 ]
 
 
-def _params_explain(call, student, expected, mismatch):
-    if mismatch.aspect != "params":
-        return None
-    sp, ep = student.params or {}, expected.params or {}
-    init = call.init or {}
-    c, H = init.get("c"), init.get("N_head")
-    if init.get("is_global") and sp.get("linear_k.weight", [None])[0] == c * H != c:
-        return ("with is_global, linear_k and linear_v map c_in to c channels: one key/value head "
-                "shared by all N_head query heads")
-    if "linear_g.weight" in ep and "linear_g.weight" not in sp:
-        return "with gated=True the module needs linear_g = nn.Linear(c_in, c * N_head) (with a bias)"
-    if "linear_o.bias" in ep and "linear_o.bias" not in sp:
-        return "linear_o always has a bias (only linear_q/k/v follow use_bias_for_embeddings)"
-    if "linear_q.bias" in sp and "linear_q.bias" not in ep:
-        return "linear_q, linear_k and linear_v have a bias only when use_bias_for_embeddings=True"
-    if "linear_q.bias" in ep and "linear_q.bias" not in sp:
-        return "with use_bias_for_embeddings=True, linear_q, linear_k and linear_v have a bias"
-    return None
-
-
 HINTS = {
-    "prepare_qkv": Hints(_mistakes(_prepare, PREPARE_MISTAKES), correct=_prepare, explain=_params_explain),
+    "prepare_qkv": Hints(_mistakes(_prepare, PREPARE_MISTAKES), correct=_prepare, explain=EXPLAIN["prepare_qkv"]),
     "prepare_qkv_global": Hints(_mistakes(_prepare, PREPARE_MISTAKES + GLOBAL_MISTAKES), correct=_prepare,
-                                explain=_params_explain),
-    "MultiHeadAttention": Hints(_mistakes(_forward, FORWARD_MISTAKES), correct=_forward, explain=_params_explain),
+                                explain=EXPLAIN["prepare_qkv"]),
+    "MultiHeadAttention": Hints(_mistakes(_forward, FORWARD_MISTAKES), correct=_forward, explain=EXPLAIN["prepare_qkv"]),
 }

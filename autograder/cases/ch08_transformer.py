@@ -17,8 +17,9 @@ from functools import partial
 import torch
 
 from .inputs import bool_mask, distinct_state, float_mask, randn
-from . import Hints, Mistake, call, model_hint
+from . import Hints, Mistake, call
 from . import ch03_multi_head_attention as ch03
+from ..selfcheck.rules import ch08_transformer as rules
 
 
 def cases(exercise, gen, ref, quick):
@@ -38,111 +39,29 @@ BLOCK_DROPOUT_P = 0.25
 
 
 def compare(call, student, expected, notes=None):
-    """Chapter 3's comparison (training-mode dropout of MultiHeadAttention graded by properties),
-    and FeedForward's training-mode dropout by its own properties."""
-    if call.exercise == "FeedForward" and call.train and (call.init or {}).get("dropout"):
-        return ff_dropout_properties(call, student, expected)
-    if call.exercise == "TransformerBlock" and call.train and (call.init or {}).get("dropout"):
-        return block_dropout_properties(call, student, expected)
-    return ch03.compare(call, student, expected, notes)
+    """The chapter's comparison (`selfcheck.rules.ch08_transformer.compare`), with what its
+    training-mode dropout properties need of the models (`dropout_probe`)."""
+    return rules.compare(call, student, expected, notes, probe=dropout_probe(call))
 
 
-def block_dropout_properties(call, student, expected):
-    """TransformerBlock in training mode with p > 0, on a probe of one position per sequence
-    (L=1, one head): the attention has one key, so its dropout keeps that weight (scaled to
-    1/(1-p)) or drops it, and h = x + a is one of two vectors. What holds whatever the random
-    stream: (1) shape, dtype and device as the reference's, finite values; (2) for every
-    sequence, out - h for one of the two is, element by element, 0 or ff(ln_2(h)) / (1-p):
-    dropout acts on the attention weights and on fc2's output, nowhere else (not on the
-    residual branches, nor after the activation); (3) the shares dropped, of attention weights
-    and of feed-forward outputs, within 5 standard deviations of p. The reference's own draw
-    must pass, or it is a grader bug."""
-    from ..grading.compare import Mismatch, compare_meta
-
-    m = compare_meta(call, student, expected)
-    if m:
-        return m
+def dropout_probe(call) -> dict | None:
+    """What the training-mode dropout properties compare with, computed by the mistake-free models
+    (None for any other call): FeedForward's eval-mode output; TransformerBlock's two possible
+    h = x + a (its one attention weight dropped or kept) and ff(ln_2(h)) / (1-p) for each."""
+    if not (call.train and (call.init or {}).get("dropout")):
+        return None
     p = float(call.init["dropout"])
+    if call.exercise == "FeedForward":
+        return {"eval_out": _ff_model(call)[0]}
+    if call.exercise != "TransformerBlock":
+        return None
     st, x = _state(call), call.args[0].double()                   # x (B, 1, E)
     v = _lin(_ln(x, st, "ln_1"), st, "attn.v_proj")
     bias = st.get("attn.out_proj.bias", torch.zeros(x.shape[-1], dtype=torch.float64))
-    options = (x + bias, x + _lin(v / (1 - p), st, "attn.out_proj"))  # weight dropped, or kept
-    rtol, atol = (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-4)
-
-    def violation(outcome):
-        out = outcome.outputs[0].double()
-        if not torch.isfinite(out).all():
-            return Mismatch("nonfinite", "in training mode the output contains NaN or inf.", output=0)
-        attn_dropped, ff_dropped, ff_total = 0, 0, 0
-        for b in range(out.shape[0]):
-            fits = []
-            for kept, h in enumerate(options):
-                ff = _ff(_ln(h[b], st, "ln_2"), st, "ff.") / (1 - p)
-                d = out[b] - h[b]
-                zero = d.abs() <= atol
-                if bool((zero | torch.isclose(d, ff, rtol=rtol, atol=atol)).all()):
-                    fits.append((kept, int(zero.sum())))
-            if not fits:
-                return Mismatch("values", f"in training mode with dropout={p}, sequence {b}'s output is not x + a + "
-                                "ff(ln_2(x + a)) with dropout on the attention weights and on the feed-forward output "
-                                "only: dropout acts inside the attention (on its weights) and in FeedForward (on fc2's "
-                                "output), not on the residual branches, the input or after the activation.",
-                                output=0, where=[b])
-            kept, zeros = fits[0]
-            attn_dropped += 1 - kept
-            ff_dropped, ff_total = ff_dropped + zeros, ff_total + out[b].numel()
-        for what, dropped, n in (("attention weights", attn_dropped, out.shape[0]),
-                                 ("feed-forward outputs", ff_dropped, ff_total)):
-            if abs(dropped / n - p) > 5 * math.sqrt(p * (1 - p) / n):
-                return Mismatch("values", f"in training mode with dropout={p}, {dropped} of {n} {what} were "
-                                f"dropped (expected about {p:.0%}): dropout must act on them in training mode, "
-                                "with p the probability of dropping.", output=0)
-        return None
-
-    if violation(expected) is not None:
-        return Mismatch("grader", "the reference fails its own training-mode dropout check; "
-                        "please report this to your instructor.")
-    return violation(student)
-
-
-def ff_dropout_properties(call, student, expected):
-    """FeedForward in training mode with p > 0, graded by what holds whatever the random stream:
-    (1) shape, dtype and device as the reference's; (2) every output element is 0 (dropped) or
-    the eval-mode output / (1-p): dropout acts once, on fc2's output; (3) the share dropped is
-    within 5 standard deviations of p. The reference's own draw must pass, or it is a grader bug."""
-    from ..grading.compare import Mismatch, compare_meta
-
-    m = compare_meta(call, student, expected)
-    if m:
-        return m
-    p = float(call.init["dropout"])
-    eval_out = _ff_model(call)[0]
-
-    def violation(outcome):
-        out = outcome.outputs[0].double()
-        if not torch.isfinite(out).all():
-            return Mismatch("nonfinite", "in training mode the output contains NaN or inf.", output=0)
-        rtol, atol = (1e-5, 1e-7) if call.dtype == "float64" else (1e-3, 1e-4)
-        dropped = out.abs() <= atol
-        kept = torch.isclose(out, eval_out / (1 - p), rtol=rtol, atol=atol)
-        bad = ~(dropped | kept)
-        if bad.any():
-            idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-            return Mismatch("values", f"in training mode with dropout={p}, each output element is either 0 "
-                            f"(dropped) or the eval-mode value divided by (1 - p) = {1 - p}; at index {idx} it is "
-                            f"{out[idx].item():.6g} (eval-mode value {eval_out[idx].item():.6g}): dropout acts once, "
-                            "on fc2's output (not after the activation, nor twice).", output=0, where=list(idx))
-        n = out.numel()
-        share, sd = float(dropped.double().mean()), (p * (1 - p) / n) ** 0.5
-        if abs(share - p) > 5 * sd:
-            return Mismatch("values", f"in training mode with dropout={p}, {share:.0%} of the output was dropped "
-                            f"(expected about {p:.0%}): pass p as the drop probability, not the keep one.", output=0)
-        return None
-
-    if violation(expected) is not None:
-        return Mismatch("grader", "the reference fails its own training-mode dropout check; "
-                        "please report this to your instructor.")
-    return violation(student)
+    options = [x + bias, x + _lin(v / (1 - p), st, "attn.out_proj")]  # weight dropped, or kept
+    ff = [torch.stack([_ff(_ln(h[b], st, "ln_2"), st, "ff.") / (1 - p) for b in range(h.shape[0])])
+          for h in options]
+    return {"options": options, "ff": ff}
 
 
 def causal(L):
@@ -406,25 +325,6 @@ FF_MISTAKES = [
 ]
 
 
-def _explain_tiny(call, student, expected, mismatch):
-    if mismatch.aspect == "params" and "head.weight" not in (student.params or {}) \
-            and "tok_emb.weight" in (student.params or {}):
-        return ("the output head is tied to the token embedding (head.weight = tok_emb.weight, or logits = "
-                "x @ tok_emb.weight.T, as GPT-2 does): this model's head = nn.Linear(embed_dim, vocab_size) has "
-                "a weight of its own, and a bias")
-    if call.train and (call.init or {}).get("dropout") and mismatch.aspect == "values" and mismatch.output == 0 \
-            and model_hint(HINTS["TinyTransformer"], call, student, expected) is None:
-        return ("dropout acts outside the blocks (on the embeddings as GPT-2 and nanoGPT do, on the residual "
-                "stream, or after ln_f): in this model it acts only inside each block, on the attention weights "
-                "and on the feed-forward output")
-    if call.expect_error == "ValueError":
-        return "raise ValueError in forward when the sequence is longer than max_len"
-    if mismatch.aspect == "returned" and (student.returned or "").startswith("tuple(Tensor, Tensor"):
-        return ("return (logits, weights) with weights the list of every block's weights, first block "
-                "first, not only the last block's")
-    return None
-
-
 def _hints(model, mistakes, explain=None, fully_masked=None):
     return Hints(correct=model, explain=explain, fully_masked=fully_masked,
                  mistakes=tuple(Mistake(text, partial(model, **kw)) for text, kw in mistakes))
@@ -434,5 +334,5 @@ HINTS = {
     "MultiHeadAttention": ch03.HINTS["MultiHeadAttention"],  # the pasted chapter 3 module, its hints
     "FeedForward": _hints(_ff_model, FF_MISTAKES),
     "TransformerBlock": _hints(_block_model, BLOCK_MISTAKES, fully_masked=_FULLY_MASKED_IN_A_BLOCK),
-    "TinyTransformer": _hints(_tiny_model, TINY_MISTAKES, _explain_tiny, fully_masked=_FULLY_MASKED_IN_A_BLOCK),
+    "TinyTransformer": _hints(_tiny_model, TINY_MISTAKES, rules.EXPLAIN["TinyTransformer"], fully_masked=_FULLY_MASKED_IN_A_BLOCK),
 }

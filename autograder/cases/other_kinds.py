@@ -20,12 +20,14 @@ import contextlib
 import dataclasses
 import contextvars
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 
 from .written_answers import answer_hints
-from . import Hints, _same_nonfinite, call, explains, predict
+from . import Hints, call, predict
+from ..selfcheck.hint_engine import bug_hint
 
 
 def _answer(name):
@@ -250,18 +252,17 @@ class Bug:
 
 def bug_hints(*bugs: Bug) -> Hints:
     def explain(call, student, expected, mismatch):
-        if mismatch.aspect not in ("values", "nonfinite"):
-            return None
-        for bug in bugs:
-            prediction = predict(bug.model, call)
-            if explains(prediction, expected, call.dtype):
-                continue  # the bug does not show on this call
-            if explains(prediction, student, call.dtype) or _same_nonfinite(prediction, student, call.dtype):
-                text = bug.symptom(call, [t.double() for t in student.outputs], [t.double() for t in expected.outputs])
-                return f"{text}. The fix: {bug.fix}" if _FIXES_SHOWN.get() else text
-        return None
+        return bug_hint([(predict(bug.model, call), partial(_symptom, bug, call)) for bug in bugs],
+                        call, student, expected, mismatch)
     explain.bugs = bugs
     return Hints(explain=explain)
+
+
+def _symptom(bug: Bug, call, student, expected) -> str:
+    """The bug's symptom on the student's and the expected outputs, and, in the grader's report,
+    its fix (not in the self-check: `symptoms_only`)."""
+    text = bug.symptom(call, [t.double() for t in student.outputs], [t.double() for t in expected.outputs])
+    return f"{text}. The fix: {bug.fix}" if _FIXES_SHOWN.get() else text
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

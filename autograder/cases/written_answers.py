@@ -27,21 +27,12 @@ from functools import lru_cache
 
 import torch
 
-from ..shared.calls import Call, ErrorKind, Outcome
-from ..grading.compare import NOT_IMPLEMENTED, Mismatch
+from ..shared.calls import Call, Outcome
+from ..grading.compare import Mismatch
 from ..references.solutions import solutions_dir
+from ..selfcheck.answers import _error, _wrong_shape, check_form, shape_words  # noqa: F401
 
 ANSWER_ATOL = 0.01  # "within 0.01": answers written to two decimals pass
-
-
-def shape_words(shape) -> str:
-    """The form of an answer in words ("a list of 3 numbers")."""
-    shape = tuple(shape)
-    if not shape:
-        return "a single number"
-    if len(shape) == 1:
-        return f"a list of {shape[0]} number{'s' if shape[0] != 1 else ''}"
-    return "a nested list of shape (" + ", ".join(str(s) for s in shape) + ")"
 
 
 def close(got: torch.Tensor, want: torch.Tensor, atol: float = ANSWER_ATOL) -> torch.Tensor:
@@ -58,35 +49,6 @@ def form(expected: Outcome) -> Outcome:
     shape = list(expected.outputs[0].shape) if not expected.error and expected.outputs else []
     return Outcome(returned="answer", outputs=[],
                    meta=[{"shape": shape, "dtype": "float64", "device": "cpu"}])
-
-
-def _error(student: Outcome) -> Mismatch | None:
-    err = student.error
-    if err and err.get("type") == "NotImplementedError":
-        return Mismatch("error", f"{NOT_IMPLEMENTED}: {err['message']}", not_implemented=True)
-    if err:
-        kind = ErrorKind.of(err)
-        return Mismatch(kind.aspect if kind else "error", err["message"])
-    return None
-
-
-def _wrong_shape(call: Call, got: torch.Tensor, shape) -> Mismatch | None:
-    if tuple(got.shape) != tuple(shape):
-        return Mismatch("shape", f"`{call.target}` is {shape_words(tuple(got.shape))}; the question asks "
-                        f"for {shape_words(tuple(shape))}.", output=0)
-    return None
-
-
-def check_form(call: Call, student: Outcome, expected_form: Outcome) -> Mismatch | None:
-    """The self-check's whole judgement of a written answer: not the stub `...`, numbers (NaN
-    and infinities included, as written), in the shape the question asks for. Whatever the
-    value, an answer of that form passes: the value is for the grader (compare_answer)."""
-    m = _error(student)
-    if m:
-        return m
-    if len(student.outputs) != 1 or not isinstance(student.outputs[0], torch.Tensor):
-        return Mismatch("returned", f"`{call.target}` came back without its value.")
-    return _wrong_shape(call, student.outputs[0], expected_form.meta[0]["shape"])
 
 
 def compare_answer(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:

@@ -13,7 +13,8 @@ from autograder.shared import wire
 from autograder.shared.contract import CHAPTERS
 from autograder.references.solutions import load_reference
 from autograder.cases.other_kinds import fix_text
-from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check
+from autograder.selfcheck import DATA, SelfCheckFailed, check
+from autograder.cases.selfcheck_data import build_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -40,7 +40,8 @@ from autograder.grading.judge import grade_exercise, judge
 from autograder.grading.variants import variants
 from autograder.cases.inputs import SELF_CHECK_SEED
 from autograder.references.solutions import load_reference
-from autograder.selfcheck import DATA, SelfCheckFailed, build_fixtures, check, run_checks
+from autograder.selfcheck import DATA, SelfCheckFailed, check, run_checks
+from autograder.cases.selfcheck_data import build_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "autograder"

@@ -5,17 +5,21 @@
 
 It runs a few fast cases in the student's own kernel and compares with expected outcomes stored
 in `autograder/data/selfcheck.agw` (made from the reference solutions by
-`python -m autograder selfcheck-data`), so it needs neither the solutions nor the grader's
-hidden cases, and reveals no reference code. Failures raise `SelfCheckFailed` with the same
-diagnosis the autograder gives: the first failing aspect, the largest error and where, a hint;
-except that a find-the-bug hint (`fixed_*`) names the symptom only, never the fix
-(`cases.extra.symptoms_only`): finding the fix is the exercise.
+`python -m autograder selfcheck-data`, `cases/selfcheck_data.py`), so it needs neither the
+solutions nor the grader's hidden cases, and reveals no reference code. Failures raise
+`SelfCheckFailed` with the same diagnosis the autograder gives (`verdict.judge`): the first
+failing aspect, the largest error and where, a hint; except that a find-the-bug hint
+(`fixed_*`) names the symptom only, never the fix: finding the fix is the exercise.
+
+This folder, with what it imports, is the student package (`tools/build_student_dist.py`): it
+holds no mistake model (those are working answers, and stay in `autograder/cases/`); the hints
+come from the models' predictions on the quick cases, stored in the data.
 
 A written answer ("predict the output", contract kind "answer") is the exception: this check
 runs where the student can read and patch everything, so its data hold no expected value for
-it, only the shape the question asks for (`answers.form`). It checks the answer's form (not
-`...`, numbers, that shape) and says the answer is recorded, with the same words for a right
-and a wrong value; the autograder, which computes the expected value from the reference
+it, only the shape the question asks for. It checks the answer's form (`answers.check_form`:
+not `...`, numbers, that shape) and says the answer is recorded, with the same words for a
+right and a wrong value; the autograder, which computes the expected value from the reference
 solutions, checks the value.
 """
 from __future__ import annotations
@@ -23,15 +27,17 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from .runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
-from .shared import wire
-from .cases.written_answers import check_form, form, shape_words
-from .shared.calls import Call, Outcome
-from .grading.compare import Mismatch
-from .shared.contract import CHAPTERS
-from .runtime.execute import at_float32, execute
+from ..runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, unchecked
+from ..shared import wire
+from ..shared.calls import Call, Outcome
+from ..shared.contract import CHAPTERS
+from ..runtime.execute import execute
+from ..grading.compare import Mismatch
+from ..grading.variants import variants
+from .answers import check_form, shape_words
+from .verdict import forbidden_message, judge
 
-DATA = Path(__file__).resolve().parent / "data" / "selfcheck.agw"
+DATA = Path(__file__).resolve().parent.parent / "data" / "selfcheck.agw"
 
 
 class SelfCheckFailed(AssertionError):
@@ -47,56 +53,10 @@ def _fixtures() -> dict:
     return wire.load(DATA)
 
 
-def build_fixtures() -> dict:
-    """Quick cases and the reference's outcomes for every exercise (CPU, and the first case's
-    meta-device variant as the grader runs it); of a written answer, only its form."""
-    from .cases import build_cases
-    from .grading.variants import variants
-    from .cases.inputs import SELF_CHECK_SEED
-    from .references.solutions import load_reference
-
-    data = {}
-    for chapter in CHAPTERS.values():
-        ref = load_reference(chapter.id)
-        for ex in chapter.exercises:
-            cases = build_cases(chapter.id, ex.name, ref, seed=SELF_CHECK_SEED, quick=True)
-            if ex.kind == "answer":  # never the value: the shape asked for, nothing a loop could invert
-                data[f"{chapter.id}/{ex.name}"] = [
-                    {"call": c.to_plain(), "expected": form(execute(ref, c)).to_plain(), "expected_meta": None}
-                    for c in cases]
-                continue
-            meta = dict(variants(cases[:1], FAKE_CUDA))  # the device check, as the grader's
-            data[f"{chapter.id}/{ex.name}"] = [
-                {"call": c.to_plain(), "expected": _with_float32(execute(ref, c), ref, c).to_plain(),
-                 "expected_meta": execute(ref, meta[i]).to_plain() if i in meta else None}
-                for i, c in enumerate(cases)]
-    return data
-
-
-def _with_float32(expected: Outcome, ref: dict, c: Call) -> Outcome:
-    expected.at_float32 = None if expected.error else at_float32(ref, c)
-    return expected
-
-
-def write_fixtures(path: Path = DATA) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    wire.save(build_fixtures(), path)
-
-
 def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
     """(call, mismatch or None, note) for each quick case up to the first failure, then the
-    first case on the meta device; judged by the grader's own rule (`grading.judge`). A written
+    first case on the meta device; judged by the grader's own rule (`verdict.judge`). A written
     answer: its form only (`answers.check_form`), whatever its value."""
-    from .cases.other_kinds import symptoms_only
-
-    with symptoms_only():  # a find-the-bug hint names the symptom here, never the fix
-        return _run_checks(chapter, exercise, obj)
-
-
-def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str]]:
-    from .grading.judge import forbidden_message, judge
-    from .grading.variants import variants
-
     ex = CHAPTERS[chapter].exercise(exercise)
     namespace = {ex.target: obj}
     results = []
@@ -108,7 +68,8 @@ def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, st
         return results
     for entry in entries:
         c = Call.from_plain(entry["call"])
-        verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]))
+        verdict = judge(ex, c, execute(namespace, c), Outcome.from_plain(entry["expected"]),
+                        entry["hints"], entry.get("probe"))
         m = verdict.mismatch
         if m is None and verdict.forbidden:
             m = Mismatch("forbidden", forbidden_message(ex, verdict.forbidden))
@@ -119,7 +80,7 @@ def _run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, st
     if first["expected_meta"] is not None:
         (_, c), = variants([Call.from_plain(first["call"])], FAKE_CUDA)
         student = execute(namespace, c)
-        m = judge(ex, c, student, Outcome.from_plain(first["expected_meta"])).mismatch
+        m = judge(ex, c, student, Outcome.from_plain(first["expected_meta"]), first["hints_meta"]).mismatch
         results.append((c, None if unchecked(student) else m, ""))
     return results
 
