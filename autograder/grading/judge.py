@@ -4,7 +4,6 @@ changes found in the source taken into account, and the exercise scored."""
 from __future__ import annotations
 
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -19,6 +18,7 @@ from ..report.untrusted_text import capped
 from .variants import device_check_groups, variants
 from ..references.cache import REFERENCES, reference_key
 from .scoring import credit_cpu_only, same_path, exercise_tests
+from ..selfcheck.verdict import Verdict, forbidden_message  # (one definition, the student package's)
 
 
 STOPPING_ASPECTS = ("timeout", "crash", "missing")
@@ -36,16 +36,6 @@ def _figure(call: Call, student: Outcome, expected: Outcome, m: Mismatch) -> dic
     while e.dim() > 2:
         s, e = s[0], e[0]
     return {"expected": e.double().tolist(), "submitted": torch.nan_to_num(s.double()).tolist()}
-
-
-@dataclass
-class Verdict:
-    """The diagnosis of one case: the first failing aspect (with its hint), the forbidden
-    built-ins the call used, and a note on a pass (float32 rounding in a float64 case)."""
-
-    mismatch: Mismatch | None
-    forbidden: set = field(default_factory=set)
-    note: str = ""
 
 
 def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verdict:
@@ -70,11 +60,6 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verd
         if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
             m.hint = case_registry.small_difference_hint(call, student, expected) or PRECISION_HINT
     return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes and m is None else "")
-
-
-def forbidden_message(ex: Exercise, names) -> str:
-    return (f"uses {ex.forbidden.what} ({', '.join(sorted(names))}); this exercise asks you to write "
-            "the computation yourself, so it scores zero.")
 
 
 def _static_inplace(static, notebook, call: Call) -> Mismatch | None:

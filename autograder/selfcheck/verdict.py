@@ -15,8 +15,9 @@ from ..shared.calls import Call, Outcome
 from ..shared.contract import Exercise
 from ..grading.compare import FLOAT32_NOTE, PRECISION_HINT, Mismatch, compare_meta
 from ..runtime.device_check import DEVICE_CHECKS
-from . import hint_engine, rules
-from .hint_engine import Hints, Mistake, Stored, prediction_from_plain
+from .hint_engine import Hints, Mistake, Stored, bug_hint, prediction_from_plain, small_difference_hint
+from .hint_engine import hint as engine_hint
+from .rules import compare as rule_compare, explain as rule_explain
 
 
 @dataclass
@@ -37,9 +38,9 @@ def stored_spec(call: Call, stored: dict | None) -> tuple[Hints | None, bool]:
     correct = Stored(prediction_from_plain(stored["correct"])) if stored["correct"] is not None else None
     if stored["extra"]:
         bugs = [(prediction_from_plain(p), lambda student, expected, text=text: text) for p, text in stored["bugs"]]
-        explain = (lambda c, s, e, m: hint_engine.bug_hint(bugs, c, s, e, m)) if bugs else None
+        explain = (lambda c, s, e, m: bug_hint(bugs, c, s, e, m)) if bugs else None
     else:
-        explain = rules.explain(call.chapter, call.exercise)
+        explain = rule_explain(call.chapter, call.exercise)
     return Hints(mistakes, correct, explain, stored["weights_right"], stored["fully_masked"]), stored["extra"]
 
 
@@ -51,7 +52,7 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome, stored_
         if call.device in DEVICE_CHECKS and not call.answer:
             m = compare_meta(call, student, expected)
         else:
-            m = rules.compare(call, student, expected, notes, probe)
+            m = rule_compare(call, student, expected, notes, probe)
     except Exception as e:  # an outcome that no rule foresaw: the case fails, the check goes on
         m = Mismatch("returned", f"the result could not be compared with the reference "
                      f"({type(e).__name__}: {str(e)[:200]}).")
@@ -59,11 +60,11 @@ def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome, stored_
     if m:
         spec, extra = stored_spec(call, stored_hints)
         try:
-            m.hint = m.hint or hint_engine.hint(spec, extra, call, student, expected, m)
+            m.hint = m.hint or engine_hint(spec, extra, call, student, expected, m)
         except Exception:
             m.hint = None
         if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
-            m.hint = hint_engine.small_difference_hint(spec, extra, call, student, expected) or PRECISION_HINT
+            m.hint = small_difference_hint(spec, extra, call, student, expected) or PRECISION_HINT
     return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes and m is None else "")
 
 
