@@ -1,8 +1,11 @@
 """The grader's side of running one student's notebook: `StudentSession`.
 
-    with StudentSession(notebook_cells(path)) as session:
+    choice = resolve_sandbox("auto")
+    pool = student_pool(choice)             # the student's sandboxes: made and closed by the caller
+    with StudentSession(ParsedSubmission.read(path), sandbox=choice, sandboxes=pool) as session:
         run = session.start()               # runs the cells: a NotebookRun, one CellRun per cell
         outcome = session.run(call)         # one graded Call -> Outcome, never raises
+    pool.close()                            # (None unless bubblewrap)
 
 The notebook runs in a child process (see `autograder.sandbox` for the three sandbox modes);
 only plain data comes back (`autograder.shared.protocol` messages in `autograder.shared.wire` frames, read
@@ -57,7 +60,8 @@ class StudentSession:
         sandbox: a `SandboxChoice` made at the entry point, or "auto", "bubblewrap", "container"
             or "none" to decide here (`resolve_sandbox`; forcing a mode that cannot work here
             raises SandboxUnavailable).
-        hide: more paths the student's code must not see (results files, hidden test data).
+        hide: more paths the student's code must not see (results files, hidden test data), in
+            the container and fallback modes; under bubblewrap the pool's own (`student_pool`).
         sandboxes: the student's `SandboxPool`, required in bubblewrap mode (ignored in the
             others): made and closed by whoever grades the student (`sandbox.pool.student_pool`),
             shared by that student's chapters only, never made here. Its children are forked from
