@@ -53,9 +53,11 @@ def main() -> int:
             (cls / sid).mkdir(parents=True)
             for c in chapters:
                 shutil.copy(REPO / ("solutions" if i % 2 == 0 else "exercises") / f"{c}.ipynb", cls / sid)
-        run(py + ["batch", str(cls), "--csv", str(tmp / "warm.csv"), "--no-progress", "--only", students[0]])
-
         course = make_course(tmp / "course", chapters=chapters)
+        # Both grade with the course's seed (made by make_course), on a reference cache warmed for it.
+        seed = re.search(r"SandboxedGrades\.seed = (\d+)", (course / "nbgrader_config.py").read_text())[1]
+        run(py + ["batch", str(cls), "--csv", str(tmp / "warm.csv"), "--no-progress", "--only", students[0],
+                  "--seed", seed])
         run(["nbgrader", "generate_assignment", "attention", "--force"], cwd=course)
         for sid in students:
             run(["nbgrader", "db", "student", "add", sid], cwd=course)
@@ -63,7 +65,8 @@ def main() -> int:
             shutil.copytree(cls / sid, dest)
             (dest / "timestamp.txt").write_text("2026-01-01 00:00:00.000000 UTC")
 
-        batch = run(py + ["batch", str(cls), "--csv", str(tmp / "grades.csv"), "--no-progress", "--jobs", "1"])
+        batch = run(py + ["batch", str(cls), "--csv", str(tmp / "grades.csv"), "--no-progress", "--jobs", "1",
+                          "--seed", seed])
         nbg = run(["nbgrader", "autograde", "attention", "--force"], cwd=course)
     grading = sum(float(t) for t in re.findall(r"graded \S+'s \d+ notebooks in ([\d.]+) s", LOG[0]))
     n = len(students)
