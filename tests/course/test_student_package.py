@@ -233,6 +233,9 @@ def _in_child(work):
         if pid == 0:  # the child: whatever happens, it ends here
             code = 1
             try:
+                # One thread: torch's OpenMP pool does not survive a fork, and after earlier tests
+                # ran parallel ops in this process, the child's first one waited forever.
+                torch.set_num_threads(1)
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
                 os.dup2(devnull, 2)
