@@ -43,6 +43,9 @@ def run_cells(slot: ChildSlot, cells: list[str], skip: set[int], limits: Limits,
                     skip.add(expected)  # a cell that hung costs its time only once
                 expected += 1
             case protocol.CellsDone(defined=names) if running is None:
+                # The child wrote every cell's output before this message, but the poll may
+                # have woken for the result pipe alone: read the output before it is reported.
+                channel.drain_output(limits.drain_cap)
                 return sorted({n for n in names if isinstance(n, str)})
             case Lost():
                 _blame(slot, cells, skip, limits, recorder, running, event)
