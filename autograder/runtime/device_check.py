@@ -145,8 +145,8 @@ def move_module(module: torch.nn.Module, device: str, dtype: torch.dtype) -> Non
     and buffer is replaced by its moved copy instead (floating ones cast to `dtype`)."""
     for sub in module.modules():
         for key, p in sub._parameters.items():
-            if p is not None:
-                moved = _moved_twin(p.detach(), device, dtype if p.is_floating_point() else None)
+            if p is not None:  # (not `p.detach()`: in the fake mode, that copies a real p into a fake one first)
+                moved = _moved_twin(p, device, dtype if p.is_floating_point() else None)
                 sub._parameters[key] = torch.nn.Parameter(moved, requires_grad=p.requires_grad)
         for key, b in sub._buffers.items():
             if b is not None:
