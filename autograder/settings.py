@@ -139,7 +139,7 @@ def install(settings: Settings) -> None:
 
 def settings_table() -> str:
     """The settings as a Markdown table (the README's configuration section)."""
-    rows = ["| Variable | Meaning |", "|---|---|"]
+    rows = ["| variable | what it sets |", "|---|---|"]
     for f in fields(Settings):
         if f.metadata.get("variable"):
             rows.append(f"| `{f.metadata['variable']}` | {f.metadata['help']} |")
