@@ -171,33 +171,43 @@ def _add_other_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. The settings (`settings.Settings`: AUTOGRADER_* variables) are read
+    here, once, and handed down; they are also `settings.current()` while the command runs."""
+    from .settings import Settings, installed
+
     args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     other = {"selfcheck-data": _selfcheck_data, "new-seed": _new_seed, "import": _import,
              "merge": _merge, "export": _export, "gradescope-zip": _gradescope_zip}.get(args.command)
-    if other is not None:
-        return other(args)
-    return _grade_or_batch(args)
+    with installed(settings):
+        if other is not None:
+            return other(args, settings)
+        return _grade_or_batch(args, settings)
 
 
-def _selfcheck_data(args) -> int:
+def _selfcheck_data(args, settings) -> int:
     from .cases.selfcheck_data import DATA, write_fixtures
     write_fixtures()
     print(f"wrote {DATA}")
     return 0
 
 
-def _new_seed(args) -> int:
+def _new_seed(args, settings) -> int:
     from .cases.inputs import new_seed
     print(new_seed())
     return 0
 
 
-def _import(args) -> int:
+def _import(args, settings) -> int:
     from .lms.submissions import run
-    return run(args)
+    return run(args, settings)
 
 
-def _merge(args) -> int:
+def _merge(args, settings) -> int:
     from .batch.grades_csv import merge_csvs, merge_reports
     from .report.text import plural
     try:
@@ -216,7 +226,7 @@ def _merge(args) -> int:
     return 0
 
 
-def _export(args) -> int:
+def _export(args, settings) -> int:
     from .lms import export as lms_export
     path = args.csv or args.out_dir / f"{args.lms}.csv"
     try:
@@ -231,14 +241,15 @@ def _export(args) -> int:
     return 0
 
 
-def _gradescope_zip(args) -> int:
+def _gradescope_zip(args, settings) -> int:
     from .integrations.gradescope import build_zip
-    build_zip(args.output, chapters=args.chapters, seed=args.seed, hide_answers=args.hide_answers)
+    build_zip(args.output, chapters=args.chapters, seed=args.seed, hide_answers=args.hide_answers,
+              settings=settings)
     print(f"wrote {args.output}")
     return 0
 
 
-def _grade_or_batch(args) -> int:
+def _grade_or_batch(args, settings) -> int:
     if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
         from .batch import forkserver
         forkserver.context()  # its imports run while this process imports torch below
@@ -246,18 +257,18 @@ def _grade_or_batch(args) -> int:
     try:
         # (in the container mode, what a student's uid must not read: the class and its reports)
         hide = [p for p in (getattr(args, "class_dir", None), getattr(args, "out", None)) if p]
-        sandbox = resolve_sandbox(args.sandbox, hide)  # decided once, handed down to everything below
+        sandbox = resolve_sandbox(args.sandbox or settings.sandbox, hide)  # decided once, handed down
     except SandboxUnavailable as e:
         print(f"error: no grading without the sandbox: {e}", file=sys.stderr)
         return 3
     if sandbox.mode != "bubblewrap":
         print(f"WARNING: {sandbox.note}", file=sys.stderr)
-    sandboxes = _prestarted_sandboxes(args, sandbox) if args.command == "grade" else None
+    sandboxes = _prestarted_sandboxes(args, sandbox, settings) if args.command == "grade" else None
     from .grading.grader import Grader
     from .cases.inputs import PublicSeed, course_seed
     try:
-        seed = course_seed(args.seed) if args.command == "batch" else args.seed
-        grader = Grader(device=args.device, seed=seed, sandbox=sandbox)
+        seed = course_seed(args.seed, settings) if args.command == "batch" else args.seed
+        grader = Grader(device=args.device, seed=seed, sandbox=sandbox, settings=settings)
     except PublicSeed as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -271,17 +282,16 @@ def _grade_or_batch(args) -> int:
         return _run(args, grader, sandboxes, REFERENCES)
 
 
-def _prestarted_sandboxes(args, sandbox):
+def _prestarted_sandboxes(args, sandbox, settings):
     """The student's warm sandboxes (None unless bubblewrap), started now: their torch imports
     overlap this process's. This command owns them and closes them after grading."""
     import atexit
     import os
 
-    from .sandbox.limits import Limits
     from .sandbox.pool import student_pool
 
     jobs = 1 if args.path.is_file() else args.jobs or min(2, os.cpu_count() or 1)
-    sandboxes = student_pool(sandbox, Limits.from_env(), size=jobs)
+    sandboxes = student_pool(sandbox, settings.limits, size=jobs)
     if sandboxes is not None:
         atexit.register(sandboxes.close)
         sandboxes.prestart()

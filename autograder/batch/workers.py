@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 from . import forkserver
+from .. import settings as _settings
 from ..sandbox import gpu_share
 from ..shared.contract import CHAPTERS
 from ..references.cache import REFERENCES
@@ -31,7 +32,7 @@ def _zygote(grader: Grader):
     """This worker's zygote (`sandbox.Zygote`), started on its first student; None where there
     is none (not root, or it did not start: students then get sandboxes started from scratch)."""
     global _ZYGOTE
-    from ..sandbox.limits import Limits, time_now
+    from ..sandbox.limits import time_now
     from ..sandbox.warm import Zygote
     from ..sandbox.policy import hidden_paths
 
@@ -42,7 +43,7 @@ def _zygote(grader: Grader):
             import tempfile
             from multiprocessing import util
 
-            limits = grader.limits or Limits.from_env()
+            limits = grader.limits
             workdir = tempfile.mkdtemp(prefix="autograder-zygote-")
             try:
                 zygote = Zygote(limits, hidden_paths(), workdir)
@@ -112,7 +113,7 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
                 gpu_share.release(pool.uid)
 
 
-def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, counter) -> None:
+def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.Settings, counter) -> None:
     import torch
 
     # Each worker gets its own `threads` cores where the machine has enough: the worker and
@@ -126,11 +127,10 @@ def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: dict, count
         os.sched_setaffinity(0, mine)
 
     # The forkserver was started earlier, perhaps from elsewhere: take this run's working
-    # directory and AUTOGRADER_* settings (limits, sandbox mode, hidden paths) from the parent.
+    # directory and settings (`settings.Settings`: the entry point's, handed over as an object,
+    # not through the environment) from the parent.
     os.chdir(cwd)
-    for key in [k for k in os.environ if k.startswith("AUTOGRADER_")]:
-        del os.environ[key]
-    os.environ.update(settings)
+    _settings.install(settings)
 
     # As many torch threads as its cores: idle OpenMP threads spin for a while after each
     # operation, and more threads than cores would take CPU from the other workers' students.
@@ -153,9 +153,8 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // jobs)
-    settings = {k: v for k, v in os.environ.items() if k.startswith("AUTOGRADER_")}
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
-                               initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), settings,
+                               initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), grader.settings,
                                          ctx.Value("i", 0)))
 
 
@@ -185,10 +184,7 @@ def watchdog_seconds(grader: Grader) -> float:
     """How long a worker may spend on one student before the batch kills it: the student's
     budget (their cells and calls) plus a margin for what the budget does not count (start-up,
     reference outcomes, comparisons, the static check, reports)."""
-    from ..sandbox.limits import Limits
-
-    limits = grader.limits or Limits.from_env()
-    return limits.student_budget + limits.watchdog_margin
+    return grader.limits.student_budget + grader.limits.watchdog_margin
 
 
 def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
@@ -200,6 +196,7 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
     from ..report import atomic
 
     atomic.write_text(os.path.join(spool, key + ".pid"), str(os.getpid()))
+    _settings.install(grader.settings)  # (the grader's, pickled with it: as the worker's start had them)
     try:
         chapters = grade_student(grader, todo)
     except Exception as e:

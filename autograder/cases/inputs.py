@@ -6,9 +6,9 @@ not seen (instructors can change them with AUTOGRADER_SEED).
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from .. import settings as _settings
 
 SELF_CHECK_SEED = 1234
 DEFAULT_SEED = 20261121  # public (it is in the package): `grade` on one's own machine only
@@ -18,8 +18,10 @@ class PublicSeed(ValueError):
     """A graded deployment without a course seed of its own (`course_seed`)."""
 
 
-def grading_seed() -> int:
-    return int(os.environ.get("AUTOGRADER_SEED", str(DEFAULT_SEED)))
+def grading_seed(settings=None) -> int:
+    """The seed of `grade` on one's own machine: $AUTOGRADER_SEED, else the public DEFAULT_SEED."""
+    seed = (settings or _settings.current()).seed
+    return DEFAULT_SEED if seed is None else seed
 
 
 def new_seed() -> int:
@@ -29,14 +31,15 @@ def new_seed() -> int:
     return secrets.randbelow(2**61 - 2) + 1
 
 
-def course_seed(explicit: int | None = None) -> int:
+def course_seed(explicit: int | None = None, settings=None) -> int:
     """The seed of a graded deployment (batch, the Gradescope bundle, nbgrader): `explicit`
     (--seed, a course config), else $AUTOGRADER_SEED. The built-in DEFAULT_SEED is refused:
     anyone with the package could compute every hidden input from it (and, with the solutions,
-    every expected output). $AUTOGRADER_ALLOW_PUBLIC_SEED=1 accepts it (tests, demonstrations)."""
-    seed = explicit if explicit is not None else (
-        int(os.environ["AUTOGRADER_SEED"]) if os.environ.get("AUTOGRADER_SEED") else None)
-    if os.environ.get("AUTOGRADER_ALLOW_PUBLIC_SEED") == "1":
+    every expected output). $AUTOGRADER_ALLOW_PUBLIC_SEED=1 accepts it (tests, demonstrations).
+    settings: the entry point's (`settings.Settings`; default `settings.current()`)."""
+    settings = settings or _settings.current()
+    seed = explicit if explicit is not None else settings.seed
+    if settings.allow_public_seed:
         return DEFAULT_SEED if seed is None else seed
     if seed is None or seed == DEFAULT_SEED:
         raise PublicSeed("no course seed: the built-in seed is public, so the hidden inputs would not be "

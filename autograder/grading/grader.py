@@ -36,20 +36,23 @@ from .diagnose import point_to_failing_foundations
 
 
 def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: list[str], seed: int,
-                  quick: bool = False, exercises: list[str] | None = None, cells=None
+                  quick: bool = False, exercises: list[str] | None = None, cells=None, references=None
                   ) -> list[TestResult]:
     """Every exercise of a chapter; with the notebook's `cells` (its `ParsedSubmission`, or the
-    cells as they run), the static check of its source too (`source/findings.py`)."""
-    static, notebook = _static_findings(chapter, cells, seed, quick)
+    cells as they run), the static check of its source too (`source/findings.py`). references:
+    the reference outcomes (default the process's REFERENCES)."""
+    references = REFERENCES if references is None else references
+    static, notebook = _static_findings(chapter, cells, seed, quick, references)
     tests = []
     for ex in chapter.exercises:
         if exercises is None or ex.name in exercises:
-            tests += grade_exercise(chapter, ex, run, devices, seed, quick, static.get(ex.name), notebook)
+            tests += grade_exercise(chapter, ex, run, devices, seed, quick, static.get(ex.name), notebook,
+                                    references)
     point_to_failing_foundations(chapter, tests)
     return tests
 
 
-def _static_findings(chapter: Chapter, cells, seed: int, quick: bool) -> tuple[dict, object]:
+def _static_findings(chapter: Chapter, cells, seed: int, quick: bool, references) -> tuple[dict, object]:
     """exercise -> `findings.ExerciseFindings` of the notebook's source, and its
     `ParsedSubmission` ({} and None without cells, or if the check itself fails: it never costs
     a grade)."""
@@ -61,7 +64,7 @@ def _static_findings(chapter: Chapter, cells, seed: int, quick: bool) -> tuple[d
 
     try:
         notebook = ParsedSubmission.of(cells)
-        calls = [c for ex in chapter.exercises for c in REFERENCES.cases(chapter.id, ex.name, seed, quick)]
+        calls = [c for ex in chapter.exercises for c in references.cases(chapter.id, ex.name, seed, quick)]
         return static_findings(notebook, chapter, in_place.tensor_params_from_cases(calls, notebook)), notebook
     except Exception:
         return {}, None
@@ -83,13 +86,32 @@ class Grader:
     """Grades submissions; one instance can grade many (reference outcomes are shared)."""
 
     def __init__(self, device: str = "auto", seed: int | None = None, sandbox: str = "auto",
-                 limits=None, jobs: int | None = None, quick: bool = False):
+                 limits=None, jobs: int | None = None, quick: bool = False, settings=None, references=None):
+        """settings: the entry point's `settings.Settings` (default `settings.current()`), for
+        what is not given here: the seed ($AUTOGRADER_SEED, else the public one: an entry point
+        of a graded deployment passes `cases.inputs.course_seed`'s) and the limits. They travel
+        with the grader (to the batch's workers too). references: the reference outcomes
+        (`references.cache.ReferenceCache`; default the process's REFERENCES, which the batch's
+        workers receive from the parent)."""
+        from ..settings import current
+
+        self.settings = settings or current()
         self.devices = device_plan(device)
-        self.seed = grading_seed() if seed is None else seed
+        self.seed = grading_seed(self.settings) if seed is None else seed
         self.sandbox = sandbox
-        self.limits = limits
+        self.limits = limits if limits is not None else self.settings.limits
         self.jobs = jobs or min(2, os.cpu_count() or 1)
         self.quick = quick
+        self._references = references
+
+    @property
+    def references(self):
+        """The reference outcomes this grader judges against (the process's REFERENCES unless
+        one was given: not pickled with the grader, a worker uses its own)."""
+        return REFERENCES if self._references is None else self._references
+
+    def __getstate__(self):
+        return {**self.__dict__, "_references": None}
 
     # -- one notebook -------------------------------------------------------------------------
     def memory_cases(self, cells: list[str], chapter: Chapter, sandboxes=None, deadline: float | None = None):
@@ -98,7 +120,7 @@ class Grader:
         from ..session.memory_case import MemoryCases
 
         return MemoryCases(cells, [c for ex in chapter.exercises for c in
-                                   REFERENCES.cases(chapter.id, ex.name, self.seed, self.quick)],
+                                   self.references.cases(chapter.id, ex.name, self.seed, self.quick)],
                            limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
 
     def _memory_first(self, todo, sandboxes, deadline) -> dict:
@@ -113,7 +135,7 @@ class Grader:
         for chapter_id, notebook in todo:
             chapter = CHAPTERS[chapter_id]
             if notebook is None or not any(c.capped_memory for ex in chapter.exercises for c in
-                                           REFERENCES.cases(chapter_id, ex.name, self.seed, self.quick)):
+                                           self.references.cases(chapter_id, ex.name, self.seed, self.quick)):
                 continue
             try:
                 memory = self.memory_cases(ParsedSubmission.read(notebook), chapter, sandboxes, deadline)
@@ -151,7 +173,7 @@ class Grader:
             result.notes.extend(_start_notes(info))
             result.output = info.output
             result.tests = grade_chapter(chapter, memory.route(session.run), self.devices, self.seed,
-                                         self.quick, cells=cells)
+                                         self.quick, cells=cells, references=self.references)
             _failed_definitions(chapter, result.tests, cells, info)
             note = _other_chapter_note(chapter, set(info.defined))
             if note:
@@ -168,7 +190,8 @@ class Grader:
         def run(c: Call) -> Outcome:
             return execute(namespace, dataclasses.replace(c, measure_memory=True) if c.capped_memory else c,
                            trusted=True)
-        return grade_chapter(chapter, run, self.devices, self.seed, self.quick, exercises)
+        return grade_chapter(chapter, run, self.devices, self.seed, self.quick, exercises,
+                             references=self.references)
 
     # -- a file or folder -----------------------------------------------------------------------
     def find_notebooks(self, path: Path) -> tuple[dict, list]:
@@ -215,9 +238,7 @@ class Grader:
 
     def student_deadline(self) -> float:
         """When the budget of a student whose grading starts now runs out (time.monotonic)."""
-        from ..sandbox.limits import Limits
-
-        return time.monotonic() + (self.limits or Limits.from_env()).student_budget
+        return time.monotonic() + self.limits.student_budget
 
     def grade_planned(self, chapter_id: str, notebook: Path | None, sandboxes=None,
                       deadline: float | None = None, memory=None) -> ChapterResult:
@@ -228,10 +249,9 @@ class Grader:
         if notebook is None:
             return ChapterResult(chapter_id, None, zero_chapter(ch, self.devices, "no notebook submitted"))
         if deadline is not None and time.monotonic() >= deadline:
-            from ..sandbox.limits import Limits
             from ..session.student_session import budget_message
 
-            why = budget_message(self.limits or Limits.from_env())
+            why = budget_message(self.limits)
             return ChapterResult(chapter_id, str(notebook), zero_chapter(ch, self.devices, why), notes=[why])
         try:
             return self.grade_notebook(notebook, ch, sandboxes, deadline, memory)
@@ -281,8 +301,8 @@ class Grader:
         try:
             if "cuda" in self.devices:  # the grader's own CUDA runs before any student code, never beside it
                 with contextlib.suppress(Exception):  # (not fatal: the grading loop computes what is missing)
-                    REFERENCES.warm(submitted, ["cuda"], self.seed, self.quick)
-            with REFERENCES.warming(submitted, self.devices, self.seed, self.quick), \
+                    self.references.warm(submitted, ["cuda"], self.seed, self.quick)
+            with self.references.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
                 first = self._memory_first(todo, sandboxes, deadline) if jobs > 1 else {}
                 # Later chapters first: they build on the earlier ones and take longest, so

@@ -82,13 +82,16 @@ def _static_inplace(static, notebook, call: Call) -> Mismatch | None:
 
 
 def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
-                   seed: int, quick: bool = False, static=None, notebook=None) -> list[TestResult]:
+                   seed: int, quick: bool = False, static=None, notebook=None,
+                   references=None) -> list[TestResult]:
     """Every test of one exercise; `run` executes a Call on the student's side. A portability
     case (meta, CUDA) earns credit only where the same case is correct on the CPU. `static`:
     what the notebook's source shows (`findings.ExerciseFindings` of this exercise, with
     the parsed `notebook`), where the grader has the source: forbidden built-ins and in-place
-    changes of inputs, which the student's process cannot hide from it."""
-    cases = REFERENCES.cases(chapter.id, ex.name, seed, quick)
+    changes of inputs, which the student's process cannot hide from it. references: the
+    reference outcomes (`references.cache.ReferenceCache`; default the process's REFERENCES)."""
+    references = REFERENCES if references is None else references
+    cases = references.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
@@ -104,7 +107,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
             student = run(c)
-            verdict, expected = _judge_case(ex, c, key, student)
+            verdict, expected = _judge_case(ex, c, key, student, references)
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch
             if m is None and device == "cpu":
@@ -128,16 +131,16 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     return tests
 
 
-def _judge_case(ex: Exercise, c: Call, key, student: Outcome) -> tuple[Verdict, Outcome]:
+def _judge_case(ex: Exercise, c: Call, key, student: Outcome, references) -> tuple[Verdict, Outcome]:
     """The verdict on one case and the reference it was judged against: a fake-CUDA failure the
     meta device cannot check is waved through with a note, and a float64 value/gradient mismatch
     is judged again against the reference's own float32 run (the float32 policy)."""
-    expected = REFERENCES.expected(c, key)
+    expected = references.expected(c, key)
     verdict = judge(ex, c, student, expected)
     if c.device == FAKE_CUDA and verdict.mismatch and unchecked(student):
         verdict = Verdict(None, verdict.forbidden, UNCHECKED_NOTE + f" ({student.error['message'][:160]})")
     if verdict.mismatch and verdict.mismatch.aspect in ("values", "grads") and c.dtype == "float64":
-        if (low := REFERENCES.with_float32(c, key, expected)) is not expected:
+        if (low := references.with_float32(c, key, expected)) is not expected:
             expected, verdict = low, judge(ex, c, student, low)
     return verdict, expected
 

@@ -17,7 +17,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
-from ..references.solutions import REPO_DIR, solutions_dir
+from ..references.solutions import REPO_DIR
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope image setup: Debian/Ubuntu packages, then torch (CPU build), then the grader's
@@ -70,17 +70,20 @@ CACHE_FOLDER = "reference-cache"
 
 
 def build_zip(output, chapters: list[str] | None = None, seed: int | None = None,
-              hide_answers: bool = False) -> Path:
+              hide_answers: bool = False, settings=None) -> Path:
     """Write the Gradescope autograder zip: setup.sh, run_autograder, the grader, the solutions,
     and the reference outcomes of these chapters (`reference_store`), computed here once
     instead of in every submission's fresh container (used there when its torch is the same
     version; otherwise computed there as usual). The assignment grades `chapters` (every
     chapter where None), a chapter not handed in at zero; with `hide_answers`, the written
-    answers' results are shown when the grades are published (`report.gradescope`)."""
+    answers' results are shown when the grades are published (`report.gradescope`).
+    settings: the command line's (`settings.Settings`; default `settings.current()`)."""
     from ..cases.inputs import PublicSeed, course_seed, new_seed
+    from ..settings import current
 
+    settings = settings or current()
     try:  # (the course's seed where the instructor gives one, else one made for this zip)
-        seed = course_seed(seed)
+        seed = course_seed(seed, settings)
     except PublicSeed:
         seed = new_seed()
     output = Path(output)
@@ -99,7 +102,7 @@ def build_zip(output, chapters: list[str] | None = None, seed: int | None = None
         for f in sorted((REPO_DIR / "autograder").rglob("*")):
             if f.is_file() and "__pycache__" not in f.parts:
                 z.write(f, f.relative_to(REPO_DIR).as_posix())
-        for f in sorted(solutions_dir().glob("*.ipynb")):
+        for f in sorted(settings.solutions.glob("*.ipynb")):
             z.write(f, f"solutions/{f.name}")
         for name in PACKAGE_FILES:
             z.write(REPO_DIR / name, name)
@@ -149,14 +152,18 @@ def copy_without_links(src: Path, dst: Path) -> list[str]:
     return notes
 
 
-def run(root, chapters: list[str] | None = None, hide_answers: bool = False) -> dict:
+def run(root, chapters: list[str] | None = None, hide_answers: bool = False, settings=None) -> dict:
     """Grade <root>/submission into <root>/results/results.json; always writes a results file.
     The submission is copied without following links (`copy_without_links`), then placed as
     `import` places a student's files (zips unpacked, each chapter's newest notebook under its
     chapter's name: `lms_import.place_submission`); every chapter of the assignment
     (`chapters`, else all) is graded, one not handed in at zero. The instructor's notes
-    (sandbox, flags) go to stdout, which Gradescope shows instructors only."""
+    (sandbox, flags) go to stdout, which Gradescope shows instructors only. settings: the
+    runner's (`settings.Settings`, read once from the environment run_autograder sets; default
+    `settings.Settings.from_env()`)."""
     import tempfile
+
+    from ..settings import Settings, installed
 
     from ..shared.contract import CHAPTERS
     from ..references.cache import REFERENCES
@@ -170,10 +177,13 @@ def run(root, chapters: list[str] | None = None, hide_answers: bool = False) -> 
     results_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        grader = Grader()  # (the seed: the zip's own course-seed, which run_autograder exports)
-        with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
+        settings = settings or Settings.from_env()
+        # (the seed: the zip's own course-seed, which run_autograder exports)
+        grader = Grader(settings=settings)
+        with installed(settings), tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
             skipped = copy_without_links(root / "submission", Path(tmp) / "raw")
-            placed, unplaced = place_submission(Path(tmp) / "raw", Path(tmp) / "submission")
+            placed, unplaced = place_submission(Path(tmp) / "raw", Path(tmp) / "submission",
+                                                settings.max_student_zip_bytes)
             with persisted(REFERENCES, grader.seed, grader.quick):
                 result = grader.grade_path(Path(tmp) / "submission", chapters=chapters or list(CHAPTERS))
         result.path = "submission"

@@ -109,15 +109,18 @@ class SandboxedGrades(NbGraderPreprocessor):
         from ..sandbox.modes import SandboxUnavailable, resolve_sandbox
 
         if SandboxedGrades._grader is None:
-            try:
-                sandbox = resolve_sandbox(self.sandbox, self.hide)  # decided once, for every notebook
+            from ..settings import Settings
+
+            settings = Settings.from_env()  # (read once, for every notebook: the grader keeps them)
+            try:  # decided once, for every notebook
+                sandbox = resolve_sandbox(self.sandbox if self.sandbox != "auto" else settings.sandbox, self.hide)
             except SandboxUnavailable as e:
                 raise RuntimeError(f"no grading without the sandbox: {e}") from None
             if sandbox.mode != "bubblewrap":
                 self.log.warning(sandbox.note)
             from ..cases.inputs import course_seed
-            SandboxedGrades._grader = Grader(device=self.device, sandbox=sandbox,
-                                             seed=course_seed(self.seed))
+            SandboxedGrades._grader = Grader(device=self.device, sandbox=sandbox, settings=settings,
+                                             seed=course_seed(self.seed, settings))
         return SandboxedGrades._grader
 
     def _grade_student(self, nb, chapter, resources) -> dict:
@@ -128,9 +131,10 @@ class SandboxedGrades(NbGraderPreprocessor):
         from ..batch.workers import grade_student
         from ..references.cache import REFERENCES
         from ..references.store import persisted
+        from ..settings import installed
 
         grader = self._grader_once()
-        with tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp:
+        with installed(grader.settings), tempfile.TemporaryDirectory(prefix="nbgrader-") as tmp:
             folder = Path(tmp)
             nbformat.write(nb, folder / f"{chapter.id}.ipynb")
             for other_id, other in self._siblings(chapter, resources):

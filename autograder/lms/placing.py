@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..shared.contract import CHAPTER_IDS, CHAPTERS, chapter_for_filename
-from . import uploads  # (uploads.MAX_STUDENT_ZIP_BYTES read when used: a test lowers it)
-from .uploads import MAX_ZIP_DEPTH, Node, folder_tree, is_junk, open_zip, spool, visible, zip_tree, to_utf8
+from .uploads import MAX_STUDENT_ZIP_BYTES, MAX_ZIP_DEPTH, Node, folder_tree, is_junk, open_zip, spool, visible, zip_tree, to_utf8
 from .layouts import LMS_NAMES, Unplaced, StudentFiles
 
 
@@ -128,8 +127,9 @@ class _Candidate:
 
 
 class Placer:
-    def __init__(self, lms: str, stack: ExitStack):
-        self.lms, self.stack = lms, stack
+    def __init__(self, lms: str, stack: ExitStack, max_zip_bytes: int = MAX_STUDENT_ZIP_BYTES):
+        """max_zip_bytes: a student's zips unpacked, in all (`settings.Settings.max_student_zip_bytes`)."""
+        self.lms, self.stack, self.max_zip_bytes = lms, stack, max_zip_bytes
         self.unpacked: dict = {}  # student folder -> bytes of their zips spooled (spool)
 
     def files(self, student: StudentFiles, unplaced: list) -> list[_Candidate]:
@@ -163,7 +163,7 @@ class Placer:
                 return skip(f"a zip inside {MAX_ZIP_DEPTH} zips: not unpacked")
             try:
                 used = self.unpacked.get(student.folder, 0)
-                data, size = spool(node, self.stack, uploads.MAX_STUDENT_ZIP_BYTES - used)
+                data, size = spool(node, self.stack, self.max_zip_bytes - used, self.max_zip_bytes)
                 self.unpacked[student.folder] = used + size
                 zf = open_zip(data, self.stack)
                 tree = zip_tree(zf, node.name, node.origin)
@@ -260,7 +260,7 @@ def read_chosen(chosen: dict, si: StudentImport, folder: Path, unplaced: list) -
     return writes
 
 
-def place_submission(source, dest) -> tuple[StudentImport, list]:
+def place_submission(source, dest, max_zip_bytes: int = MAX_STUDENT_ZIP_BYTES) -> tuple[StudentImport, list]:
     """One student's hand-in as it is uploaded (Gradescope's /autograder/submission: notebooks,
     zips of them, folders), placed the way `import` places a student's files: each chapter's
     newest notebook written to DEST/<chapter>.ipynb (zips unpacked, names read with their copy
@@ -273,7 +273,7 @@ def place_submission(source, dest) -> tuple[StudentImport, list]:
         st = StudentFiles("submission", "", "", folder="")
         st.items = [(node, node.name, None) for node in visible(root.children)]
         si = StudentImport("", "", "")
-        writes = read_chosen(choose(Placer("gradescope", stack), st, si, unplaced, "gradescope"), si, dest,
+        writes = read_chosen(choose(Placer("gradescope", stack, max_zip_bytes), st, si, unplaced, "gradescope"), si, dest,
                               unplaced)
         dest.mkdir(parents=True, exist_ok=True)
         for placed, data, mtime in writes:

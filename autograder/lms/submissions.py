@@ -118,11 +118,15 @@ def _slug(text: str) -> str:
 
 # -- the import ------------------------------------------------------------------------------------
 def import_submissions(source, dest, lms: str = "auto", force: bool = False,
-                       dry_run: bool = False) -> ImportReport:
+                       dry_run: bool = False, max_zip_bytes: int | None = None) -> ImportReport:
     """Import the LMS export `source` (a folder or .zip) into `dest`: one folder per student with
     their notebooks named by chapter, `students.csv` and `import_report.txt`. See the module's
     docstring. Raises LmsImportError (DestinationExists without `force` where a student's folder
-    exists in `dest` already; nothing is written then)."""
+    exists in `dest` already; nothing is written then). max_zip_bytes: a student's zips unpacked,
+    in all (default: `settings.current()`'s)."""
+    if max_zip_bytes is None:
+        from ..settings import current
+        max_zip_bytes = current().max_student_zip_bytes
     source, dest = Path(source), Path(dest)
     if lms not in ("auto", *LMS_NAMES):
         raise LmsImportError(f"unknown LMS {lms!r} (auto, {', '.join(LMS_NAMES)})")
@@ -143,7 +147,7 @@ def import_submissions(source, dest, lms: str = "auto", force: bool = False,
             collect_gradescope(top, col)
         report = ImportReport(found, source, dest, unplaced=col.unplaced)
         _name_folders(col.students.values())
-        plan = _plan(col, report, Placer(found, stack), found)
+        plan = _plan(col, report, Placer(found, stack, max_zip_bytes), found)
         existing = report.existing = [st.folder for st, _, _ in plan if (dest / st.folder).exists()]
         if existing and not force and not dry_run:
             raise DestinationExists(f"{dest} already has folders of {len(existing)} student{_s(existing)} of "
@@ -277,11 +281,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be imported; write nothing")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, settings=None) -> int:
     """The command: 0 when some notebook was placed, 1 when nothing gradable was found, 2 when the
-    export cannot be imported (or DEST has its students' folders, without --force)."""
+    export cannot be imported (or DEST has its students' folders, without --force). settings:
+    the command line's (`settings.Settings`; default read from the environment now)."""
+    from ..settings import Settings
+
+    settings = settings or Settings.from_env()
     try:
-        report = import_submissions(args.source, args.dest, args.lms, force=args.force, dry_run=args.dry_run)
+        report = import_submissions(args.source, args.dest, args.lms, force=args.force, dry_run=args.dry_run,
+                                    max_zip_bytes=settings.max_student_zip_bytes)
     except LmsImportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..settings import MAX_STUDENT_ZIP_BYTES
 
 
 MAX_FILE_BYTES = 256 << 20  # a file read from a zip (a student's notebook or zip); more is refused
 MAX_ZIP_DEPTH = 3           # zips inside zips inside the export
-MAX_STUDENT_ZIP_BYTES = 256 << 20  # a student's zips, unpacked to temporary files (not memory), in all
+# MAX_STUDENT_ZIP_BYTES: a student's zips, unpacked to temporary files (not memory), in all:
+# the default of `Placer`'s, which is the entry point's (`settings.Settings.max_student_zip_bytes`).
 
 # Files that operating systems add to folders and zips: never a student's work, never listed.
 _JUNK = re.compile(r"^(__MACOSX|\.DS_Store|Thumbs\.db|desktop\.ini|\._.*)$", re.IGNORECASE)
@@ -123,10 +125,11 @@ def _member_reader(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Callable[[], b
     return read
 
 
-def spool(node: Node, stack: ExitStack, allowance: int):
+def spool(node: Node, stack: ExitStack, allowance: int, cap: int = MAX_STUDENT_ZIP_BYTES):
     """The zip `node` copied into a temporary file in pieces (a zip of zips is never held in
     memory), at most `allowance` bytes of it (ValueError beyond: a 2 MB zip of eight 250 MiB zips
-    would otherwise be 2 GB). Returns (the file, its size)."""
+    would otherwise be 2 GB); `cap`: the student's whole allowance, for the message. Returns
+    (the file, its size)."""
     import tempfile
 
     f = stack.enter_context(tempfile.TemporaryFile())
@@ -135,7 +138,7 @@ def spool(node: Node, stack: ExitStack, allowance: int):
         while chunk := src.read(1 << 20):
             size += len(chunk)
             if size > allowance:
-                raise ValueError(f"more than the {MAX_STUDENT_ZIP_BYTES >> 20} MiB of zips the importer "
+                raise ValueError(f"more than the {cap >> 20} MiB of zips the importer "
                                  "unpacks for one student")
             f.write(chunk)
     f.seek(0)

@@ -7,17 +7,19 @@ rather than restating them.
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
+from .. import settings as _settings
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-REPO_DIR = PACKAGE_DIR.parent
+REPO_DIR = _settings.REPO_DIR
 
 
 def solutions_dir() -> Path:
-    """Where the solution notebooks are: $AUTOGRADER_SOLUTIONS, else <repo>/solutions."""
-    return Path(os.environ.get("AUTOGRADER_SOLUTIONS") or REPO_DIR / "solutions")
+    """Where the solution notebooks are (`settings.Settings.solutions`: $AUTOGRADER_SOLUTIONS,
+    else <repo>/solutions), as the entry point read it."""
+    return _settings.current().solutions
 
 
 def reference_cells(nb) -> list[str]:

@@ -10,8 +10,9 @@ new file; the old ones are removed when the new one is written.
 
 The file is a `wire` frame (JSON and raw tensor bytes: loading it cannot execute code). Anything
 wrong with it (missing, unreadable, corrupt, from another version) only means the outcomes are
-computed again. Where: $AUTOGRADER_CACHE_DIR, else $XDG_CACHE_HOME/attention-autograder, else
-~/.cache/attention-autograder; AUTOGRADER_CACHE_DIR=off turns it off. The folder is hidden from
+computed again. Where (`settings.Settings.cache`): $AUTOGRADER_CACHE_DIR, else
+$XDG_CACHE_HOME/attention-autograder, else ~/.cache/attention-autograder;
+AUTOGRADER_CACHE_DIR=off turns it off. The folder is hidden from
 students' code (see `sandbox.hidden_paths`): it holds the hidden inputs.
 """
 from __future__ import annotations
@@ -22,16 +23,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from .. import settings as _settings
+
 FORMAT = 1  # bump when the stored layout changes
 
 
 def cache_dir() -> Path | None:
-    """The cache folder, or None when the cache is off."""
-    explicit = os.environ.get("AUTOGRADER_CACHE_DIR")
-    if explicit is not None:
-        return None if explicit.strip().lower() in ("", "off", "0", "none") else Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "attention-autograder"
+    """The cache folder, or None when the cache is off (`settings.Settings.cache`)."""
+    return _settings.current().cache
 
 
 def digest() -> str:

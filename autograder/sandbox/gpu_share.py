@@ -125,9 +125,8 @@ def configure(grader, jobs: int, chapters) -> None:
     import dataclasses
 
     from ..references.cache import REFERENCES
-    from .limits import Limits
 
-    grader.limits = dataclasses.replace(grader.limits or Limits.from_env(), gpu_share=fraction(jobs))
+    grader.limits = dataclasses.replace(grader.limits, gpu_share=fraction(jobs))
     try:
         REFERENCES.warm(chapters, ["cuda"], grader.seed, grader.quick)
     except Exception:  # not fatal: what is missing is computed when asked for

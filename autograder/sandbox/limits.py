@@ -79,11 +79,14 @@ class Limits:
         'output read from a killed child before giving up on it'))
 
     @classmethod
-    def from_env(cls, **overrides) -> "Limits":
-        """Defaults, then AUTOGRADER_<FIELD> environment variables, then `overrides`."""
+    def from_env(cls, environ=None, **overrides) -> "Limits":
+        """Defaults, then AUTOGRADER_<FIELD> variables of `environ` (default os.environ), then
+        `overrides`. The entry points read them once, with every other setting
+        (`autograder.settings.Settings.from_env`)."""
+        env = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):
-            raw = os.environ.get(f"AUTOGRADER_{f.name.upper()}")
+            raw = env.get(f"AUTOGRADER_{f.name.upper()}")
             if raw:
                 try:
                     values[f.name] = _parse(raw, f.type)

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 from enum import Enum
 
+from .. import settings as _settings
 from .limits import Limits, NOBODY
 from .bwrap import bwrap_command
 from .policy import sandbox_policy
@@ -128,7 +129,7 @@ def choose_mode(requested: str | None = None, hide=()) -> tuple[SandboxMode, str
     bubblewrap installed but unable to start for a grader that is not root, a container whose
     secrets a student could read, a mode asked for that cannot work here.
     """
-    requested = (requested or os.environ.get("AUTOGRADER_SANDBOX") or "auto").lower()
+    requested = (requested or _settings.current().sandbox or "auto").lower()
     if requested in ("none", "fallback", "off"):
         return SandboxMode.FALLBACK, ("Sandbox: none (--sandbox none or AUTOGRADER_SANDBOX=none): "
                             + FALLBACK_WARNING)

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import threading
 
+from .. import settings as _settings
 from ..runtime import procs
 from .limits import Limits, NOBODY
 from .modes import SandboxChoice, SandboxMode
@@ -31,7 +32,7 @@ class SandboxPool:
 
     def __init__(self, limits: Limits | None = None, hide=(), size: int = 1,
                  zygote: Zygote | None = None):
-        self.limits = limits or Limits.from_env()
+        self.limits = limits or _settings.current().limits
         self.zygote = zygote
         self.hidden = hidden_paths(hide)
         self.size = max(1, size)

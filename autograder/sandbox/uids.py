@@ -17,20 +17,14 @@ import fcntl
 import os
 import pwd
 
-DEFAULT_RANGE = (62000, 62999)
+from .. import settings as _settings
 LOCK_DIRS = ("/run/autograder-uids", "/tmp/autograder-uids")
 
 
 def uid_range() -> tuple[int, int]:
-    """(first, last) from $AUTOGRADER_UID_RANGE ("62000-62999"), else the default."""
-    raw = os.environ.get("AUTOGRADER_UID_RANGE", "")
-    try:
-        first, last = (int(x) for x in raw.split("-"))
-        if 1000 <= first <= last < 2 ** 31 - 1:
-            return first, last
-    except ValueError:
-        pass
-    return DEFAULT_RANGE
+    """(first, last) from $AUTOGRADER_UID_RANGE ("62000-62999"), else the default
+    (`settings.Settings.uid_range`)."""
+    return _settings.current().uid_range
 
 
 def _lock_dir() -> str:

@@ -13,6 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .. import settings as _settings
 from ..references.solutions import PACKAGE_DIR, REPO_DIR, solutions_dir
 from ..references.store import cache_dir
 from .limits import NOBODY
@@ -73,11 +74,11 @@ def hidden_paths(extra=()) -> list[str]:
     # the rest of site-packages (torch) must stay visible.
     repo = [] if any(os.path.realpath(REPO_DIR) == os.path.realpath(d) for d in library) else [str(REPO_DIR)]
     paths = repo + [str(PACKAGE_DIR), str(solutions_dir())]
-    paths += [p for p in os.environ.get("AUTOGRADER_HIDE", "").split(os.pathsep) if p]
+    paths += list(_settings.current().hide)
     paths += [os.fspath(p) for p in extra]
     paths += grader_copies(library)
-    if cache_dir() is not None:  # the stored reference outcomes hold the hidden inputs
-        paths.append(str(cache_dir()))
+    if (cache := cache_dir()) is not None:  # the stored reference outcomes hold the hidden inputs
+        paths.append(str(cache))
     out = []
     for p in paths:
         for q in {os.path.abspath(p), os.path.realpath(p)}:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 
+from .. import settings as _settings
 from ..shared import protocol
 from ..shared.calls import Call, Outcome
 from ..source.submission import ParsedSubmission
@@ -56,7 +57,7 @@ class StudentSession:
     Args:
         cells: the notebook's code cells, in order (see `autograder.source.notebook.notebook_cells`),
             or its `ParsedSubmission`.
-        limits: time, memory and size limits; default `Limits.from_env()`.
+        limits: time, memory and size limits; default the entry point's (`settings.current().limits`).
         sandbox: a `SandboxChoice` made at the entry point, or "auto", "bubblewrap", "container"
             or "none" to decide here (`resolve_sandbox`; forcing a mode that cannot work here
             raises SandboxUnavailable).
@@ -75,7 +76,7 @@ class StudentSession:
                  deadline: float | None = None):
         self.source = ParsedSubmission.of(cells)  # (its parse, made where the trust checks need it)
         self.cells = list(self.source.cells)
-        self.limits = limits or Limits.from_env()
+        self.limits = limits or _settings.current().limits
         self.deadline = deadline
         choice = resolve_sandbox(sandbox)
         self.mode, self.note = choice.mode, choice.note

@@ -168,9 +168,6 @@ def test_a_zip_of_big_zips_is_streamed_and_capped_per_student(tmp_path, monkeypa
     import tracemalloc
 
     from autograder.lms import submissions as lms_import
-    from autograder.lms import uploads
-
-    monkeypatch.setattr(uploads, "MAX_STUDENT_ZIP_BYTES", 20 << 20)
     inner = tmp_path / "inner.zip"
     with zipfile.ZipFile(inner, "w", zipfile.ZIP_STORED) as z:
         z.writestr("padding.bin", bytes(8 << 20))
@@ -185,7 +182,8 @@ def test_a_zip_of_big_zips_is_streamed_and_capped_per_student(tmp_path, monkeypa
     assert outer.stat().st_size < 1 << 20
     tracemalloc.start()
     try:
-        report = lms_import.import_submissions(tmp_path / "export", tmp_path / "class", lms="canvas")
+        report = lms_import.import_submissions(tmp_path / "export", tmp_path / "class", lms="canvas",
+                                              max_zip_bytes=20 << 20)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
