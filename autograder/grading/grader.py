@@ -119,9 +119,13 @@ class Grader:
         memory-capped child of their own (autograder.session.memory_case)."""
         from ..session.memory_case import MemoryCases
 
-        return MemoryCases(cells, [c for ex in chapter.exercises for c in
-                                   self.references.cases(chapter.id, ex.name, self.seed, self.quick)],
-                           limits=self.limits, sandbox=self.sandbox, sandboxes=sandboxes, deadline=deadline)
+        return MemoryCases(cells, self.memory_calls(chapter), limits=self.limits, sandbox=self.sandbox,
+                           sandboxes=sandboxes, deadline=deadline)
+
+    def memory_calls(self, chapter: Chapter) -> list:
+        """The chapter's cases that run in the memory-capped child (`Call.capped_memory`)."""
+        return [c for ex in chapter.exercises for c in
+                self.references.cases(chapter.id, ex.name, self.seed, self.quick) if c.capped_memory]
 
     def _memory_first(self, todo, sandboxes, deadline) -> dict:
         """chapter id -> its memory cases, already run, for every submitted chapter that has
@@ -134,8 +138,7 @@ class Grader:
         first = {}
         for chapter_id, notebook in todo:
             chapter = CHAPTERS[chapter_id]
-            if notebook is None or not any(c.capped_memory for ex in chapter.exercises for c in
-                                           self.references.cases(chapter_id, ex.name, self.seed, self.quick)):
+            if notebook is None or not self.memory_calls(chapter):
                 continue
             try:
                 memory = self.memory_cases(ParsedSubmission.read(notebook), chapter, sandboxes, deadline)
