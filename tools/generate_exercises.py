@@ -40,7 +40,7 @@ from nbgrader.preprocessors import (
 )
 
 # (the answer cells' stub, shared with the nbgrader course's generate_assignment)
-from autograder.integrations.answer_stubs import ANSWER_PREFIX, ClearSolutionsAndAnswers, answer_stub  # noqa: F401
+from autograder.integrations.answer_stubs import ClearSolutionsAndAnswers, answer_stub  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"

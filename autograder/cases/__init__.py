@@ -22,6 +22,7 @@ import importlib
 
 from ..shared.calls import Call, Outcome
 from ..shared.contract import CHAPTERS
+from ..shared.kinds import IMPLEMENT
 from .inputs import generator
 from ..selfcheck.hint_engine import (  # noqa: F401  (the engine's names, as the chapters use them)
     EXACT, FULLY_MASKED_NAN, KEPT_KEYS_NAN, MODEL_ASPECTS, NO_HINT_ASPECTS, OVERFLOW_NAN, Hints, Mistake,
@@ -35,26 +36,28 @@ def _module(chapter: str):
 
 
 def build_cases(chapter: str, exercise: str, ref: dict, *, seed: int, quick: bool = False) -> list[Call]:
-    from .other_kinds import CASES as EXTRA_CASES  # the "predict" and "find the bug" exercises
-
+    """The exercise's cases, from its task's strategy (`kinds.py`), with their bookkeeping fields."""
     ex = CHAPTERS[chapter].exercise(exercise)
-    make = EXTRA_CASES.get((chapter, exercise))
-    if make is None:
-        make = lambda gen, ref, quick: _module(chapter).cases(exercise, gen, ref, quick)  # noqa: E731
-    calls = make(generator(seed, chapter, exercise), ref, quick)
+    calls = _strategy(chapter, exercise).cases(chapter, exercise, generator(seed, chapter, exercise), ref, quick)
     return [dataclasses.replace(c, chapter=chapter, exercise=exercise, target=c.target or ex.target)
             for c in calls]
 
 
-def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None = None):
-    """The chapter's own comparison where it has one, else `autograder.grading.compare.compare`."""
-    from ..grading import compare as generic
+def _strategy(chapter: str, exercise: str):
+    """The strategy of the exercise's task (`kinds.py`); an exercise outside the contract is
+    treated as one to implement."""
+    from .kinds import STRATEGIES, strategy  # (it uses this module's helpers)
 
-    if call.answer:  # a "predict" exercise: a hand-written value (autograder/cases/written_answers.py)
-        from .written_answers import compare_answer
-        return compare_answer(call, student, expected)
-    own = getattr(_module(call.chapter), "compare", None)
-    return (own or generic.compare)(call, student, expected, notes)
+    try:
+        return strategy(CHAPTERS[chapter].exercise(exercise))
+    except KeyError:
+        return STRATEGIES[IMPLEMENT]
+
+
+def compare(call: Call, student: Outcome, expected: Outcome, notes: list | None = None):
+    """The comparison of the exercise's task: a written answer's (written_answers.py), else the
+    chapter's own where it has one, else `autograder.grading.compare.compare`."""
+    return _strategy(call.chapter, call.exercise).compare(call, student, expected, notes)
 
 
 # ----------------------------------------------------------------------------- hints
@@ -71,16 +74,13 @@ def small_difference_hint(call: Call, student: Outcome, expected: Outcome) -> st
 
 
 def _spec(call: Call) -> tuple:
-    """(the exercise's Hints or None, whether it is of another kind: predict or find the bug)."""
+    """(the exercise's Hints or None, whether it keeps to its own hints: a written answer or a
+    find-the-bug fix, `kinds.py`)."""
     try:
-        from .other_kinds import HINTS as EXTRA_HINTS
-
-        if (call.chapter, call.exercise) in EXTRA_HINTS:
-            return EXTRA_HINTS[call.chapter, call.exercise], True
-        return _module(call.chapter).HINTS.get(call.exercise), False
+        task = _strategy(call.chapter, call.exercise)
+        return task.hints(call.chapter, call.exercise), task.own_hints
     except Exception:  # a hint is a courtesy: never an error of the grader
         return None, False
-
 
 
 def call(case: str, *args, **fields) -> Call:

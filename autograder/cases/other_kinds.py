@@ -1,18 +1,20 @@
-"""Cases and hints of the exercises of other kinds than "implement", every chapter's together:
+"""Cases and hints of the exercises whose task is not "implement" (`Exercise.task`,
+shared/kinds.py), every chapter's together; their strategies (cases/kinds.py) read them here:
 
-- "predict the output" (`predict_*`, contract kind "answer"): one call that reads the value the
-  student wrote (Call.answer); compared by autograder/cases/written_answers.py, to 0.01, in the grader only.
-  The hints of likely wrong answers, and those wrong answers, are the instructor's data (the
-  solution notebooks' answer cells, answers.hint_table): this source is public, and a table of
-  wrong answers here would give the right ones away (tests/course/test_written_answers.py).
-- "find the bug" (`fixed_*`): the notebook shows a buggy function from the chapter's common
-  mistakes; the student writes the corrected one under the `fixed_*` name, graded like any
-  function, on a few small cases, the quick ones among them showing the bug. On the unchanged
-  bug the self-check names the symptom (which output is wrong, on which input, by how much),
-  never the fix; the grader's report adds the fix (`Bug`, `symptoms_only`).
+- a written answer ("predict the output", task WRITTEN_ANSWER, contract kind "answer"): one call
+  that reads the value the student wrote (Call.answer, made by its strategy); compared by
+  autograder/cases/written_answers.py, to 0.01, in the grader only. The hints of likely wrong
+  answers, and those wrong answers, are the instructor's data (the solution notebooks' answer
+  cells, answers.hint_table): this source is public, and a table of wrong answers here would
+  give the right ones away (tests/course/test_written_answers.py). HINTS holds each one's
+  `answer_hints`.
+- find the bug (task FIND_THE_BUG): the notebook shows a buggy function from the chapter's
+  common mistakes; the student writes the corrected one (under a `fixed_*` name), graded like
+  any function, on a few small cases (CASES), the quick ones among them showing the bug. On
+  the unchanged bug the self-check names the symptom (which output is wrong, on which input, by
+  how much), never the fix; the grader's report adds the fix (`Bug`, `symptoms_only`).
 
-Kept apart from the chNN modules (which the main exercises own); cases/__init__.py looks here
-first (CASES, HINTS).
+Kept apart from the chNN modules, which the implemented exercises own.
 """
 from __future__ import annotations
 
@@ -25,15 +27,11 @@ from typing import Callable
 
 import torch
 
+from ..shared.contract import CHAPTERS
+from ..shared.kinds import WRITTEN_ANSWER
 from .written_answers import answer_hints
 from . import Hints, call, predict
 from ..selfcheck.hint_engine import bug_hint
-
-
-def _answer(name):
-    def cases(gen, ref, quick):
-        return [call("your written answer", answer=True)]
-    return cases
 
 
 def _randn(gen, *shape):
@@ -206,21 +204,13 @@ def _loss(c, shift=True):
 
 
 CASES = {
-    ("01_intuition", "predict_softmax_large"): _answer("predict_softmax_large"),
     ("01_intuition", "fixed_softmax_rows"): _softmax_rows_cases,
-    ("02_scaled_dot_product_attention", "predict_equal_keys_output"): _answer("predict_equal_keys_output"),
     ("02_scaled_dot_product_attention", "fixed_masked_attention"): _masked_attention_cases,
-    ("03_multi_head_attention", "predict_split_heads_shape"): _answer("predict_split_heads_shape"),
     ("03_multi_head_attention", "fixed_heads_attention"): _heads_cases,
-    ("04_positional_encoding", "predict_pe_row"): _answer("predict_pe_row"),
     ("04_positional_encoding", "fixed_pe_angles"): _pe_angles_cases,
-    ("05_masks", "predict_fully_masked_weights"): _answer("predict_fully_masked_weights"),
     ("05_masks", "fixed_masked_softmax"): _masked_softmax_cases,
-    ("06_gated_global_attention", "predict_zero_gate_factor"): _answer("predict_zero_gate_factor"),
     ("06_gated_global_attention", "fixed_global_query"): _global_cases,
-    ("07_efficient_attention", "predict_online_stats"): _answer("predict_online_stats"),
     ("07_efficient_attention", "fixed_merge_softmax_stats"): _stats_cases,
-    ("08_transformer", "predict_feedforward_params"): _answer("predict_feedforward_params"),
     ("08_transformer", "fixed_next_token_loss"): _loss_cases,
 }
 
@@ -372,48 +362,37 @@ def _loss_symptom(c, got, want):
             f"from this function, as if copying the input were predicting the next token")
 
 
-HINTS = {
-    ("01_intuition", "predict_softmax_large"): Hints(explain=answer_hints("01_intuition", "predict_softmax_large")),
+HINTS = {  # a written answer's: the hints of likely wrong answers (written_answers.answer_hints)
+    **{(ch.id, ex.name): Hints(explain=answer_hints(ch.id, ex.name))
+       for ch in CHAPTERS.values() for ex in ch.exercises if ex.task is WRITTEN_ANSWER},
     ("01_intuition", "fixed_softmax_rows"): bug_hints(Bug(
         _softmax_global_max, _softmax_rows_symptom,
         "the buggy version is unchanged: subtract each row's own maximum (x.amax(-1, keepdim=True)), not the "
         "maximum of the whole tensor")),
-    ("02_scaled_dot_product_attention", "predict_equal_keys_output"): Hints(explain=answer_hints(
-        "02_scaled_dot_product_attention", "predict_equal_keys_output")),
     ("02_scaled_dot_product_attention", "fixed_masked_attention"): bug_hints(Bug(
         lambda c: _sdpa(*c.args, after_softmax=True), _masked_attention_symptom,
         "the mask is still applied after the softmax: mask the scores (masked_fill with -inf) before the "
         "softmax, so that each row of weights sums to 1")),
-    ("03_multi_head_attention", "predict_split_heads_shape"): Hints(explain=answer_hints(
-        "03_multi_head_attention", "predict_split_heads_shape")),
     ("03_multi_head_attention", "fixed_heads_attention"): bug_hints(Bug(
         lambda c: _heads(*c.args, scale_dim=c.args[0].shape[-1]), _heads_symptom,
         "the scores are still scaled by sqrt(D): each head's dot products run over d_h = D // num_heads "
         "features, so divide by sqrt(D // num_heads)")),
-    ("04_positional_encoding", "predict_pe_row"): Hints(explain=answer_hints("04_positional_encoding", "predict_pe_row")),
     ("04_positional_encoding", "fixed_pe_angles"): bug_hints(Bug(
         lambda c: _angles(c, pair_index=True), _angles_symptom,
         "the exponent still uses the pair index i: it must be 2i / d_model (torch.arange(0, d_model, 2))")),
-    ("05_masks", "predict_fully_masked_weights"): Hints(explain=answer_hints("05_masks", "predict_fully_masked_weights")),
     ("05_masks", "fixed_masked_softmax"): bug_hints(
         Bug(lambda c: _masked_softmax(c, fill=-1e9), _uniform_fill_symptom,
             "a fully masked row still gets uniform weights (the -1e9 fill): give such rows zero weights"),
         Bug(lambda c: _masked_softmax(c, fill=float("-inf")), _nan_fill_symptom,
             "a fully masked row gives NaN (-inf without handling the all-masked row): turn such rows into zeros")),
-    ("06_gated_global_attention", "predict_zero_gate_factor"): Hints(explain=answer_hints(
-        "06_gated_global_attention", "predict_zero_gate_factor")),
     ("06_gated_global_attention", "fixed_global_query"): bug_hints(Bug(
         lambda c: _global_query(c, divide_by_length=True), _global_symptom,
         "still divided by the full length: a masked mean divides by the number of positions whose mask is 1 "
         "(mask.sum(-1, keepdim=True))")),
-    ("07_efficient_attention", "predict_online_stats"): Hints(explain=answer_hints(
-        "07_efficient_attention", "predict_online_stats")),
     ("07_efficient_attention", "fixed_merge_softmax_stats"): bug_hints(Bug(
         lambda c: _merge(c, rescale=False), _merge_symptom,
         "the sums are still added as they are: rescale each by exp(m_block - m_new) to the new maximum before "
         "adding")),
-    ("08_transformer", "predict_feedforward_params"): Hints(explain=answer_hints("08_transformer",
-                                                                                "predict_feedforward_params")),
     ("08_transformer", "fixed_next_token_loss"): bug_hints(Bug(
         lambda c: _loss(c, shift=False), _loss_symptom,
         "the targets are not shifted: position t predicts token t + 1, so compare logits[:, :-1] with "

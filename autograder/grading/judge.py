@@ -1,5 +1,5 @@
 """Judging one exercise: every case run against the student and the reference, each variant
-compared (`judge`, which the self-check and nbgrader use too), forbidden built-ins and in-place
+compared (`judge`: the rule the self-check and nbgrader use too, `verdict.judge_by`), forbidden built-ins and in-place
 changes found in the source taken into account, and the exercise scored."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from .. import cases as case_registry
 from ..shared.calls import Call, Outcome
-from .compare import FLOAT32_NOTE, PRECISION_HINT, Mismatch, compare_meta
+from .compare import Mismatch
 from ..shared.contract import Chapter, Exercise
 from ..runtime.device_check import DEVICE_CHECKS, FAKE_CUDA, UNCHECKED_NOTE, unchecked
 from .results import CaseResult, TestResult
@@ -18,7 +18,7 @@ from ..report.untrusted_text import capped
 from .variants import device_check_groups, variants
 from ..references.cache import REFERENCES, reference_key
 from .scoring import credit_cpu_only, same_path, exercise_tests
-from ..selfcheck.verdict import Verdict, forbidden_message  # (one definition, the student package's)
+from ..selfcheck.verdict import Verdict, forbidden_message, judge_by  # (one definition, the student package's)
 
 
 STOPPING_ASPECTS = ("timeout", "crash", "missing")
@@ -39,27 +39,9 @@ def _figure(call: Call, student: Outcome, expected: Outcome, m: Mismatch) -> dic
 
 
 def judge(ex: Exercise, call: Call, student: Outcome, expected: Outcome) -> Verdict:
-    """The one grading rule, used by the grader, the self-check and nbgrader alike: compare the
-    student's outcome of `call` with the expected one (on the meta device: shapes, dtypes and
-    devices only), name the likely mistake, and record forbidden built-ins."""
-    notes: list = []
-    try:
-        if call.device in DEVICE_CHECKS and not call.answer:  # (an answer is a value: compared as on the CPU)
-            m = compare_meta(call, student, expected)
-        else:
-            m = case_registry.compare(call, student, expected, notes)
-    except Exception as e:  # an outcome that no rule foresaw: the case fails, the grading goes on
-        m = Mismatch("returned", f"the result could not be compared with the reference "
-                     f"({type(e).__name__}: {str(e)[:200]}).")
-        return Verdict(m, ex.forbidden.used_in(student.forbidden))
-    if m:
-        try:
-            m.hint = m.hint or case_registry.hint(call, student, expected, m)
-        except Exception:
-            m.hint = None
-        if not m.hint and m.aspect == "grads" and FLOAT32_NOTE in notes:
-            m.hint = case_registry.small_difference_hint(call, student, expected) or PRECISION_HINT
-    return Verdict(m, ex.forbidden.used_in(student.forbidden), notes[0] if notes and m is None else "")
+    """The one grading rule (`verdict.judge_by`, which the self-check and nbgrader use too), with
+    the comparisons and the live mistake models of `autograder/cases`."""
+    return judge_by(case_registry, ex, call, student, expected)
 
 
 def _static_inplace(static, notebook, call: Call) -> Mismatch | None:

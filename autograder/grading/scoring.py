@@ -41,9 +41,9 @@ def same_path(cases: list[Call], groups: dict, index: int, result: CaseResult, n
 
 def exercise_tests(ex: Exercise, devices: list[str]) -> list[tuple[str, float]]:
     """(device, share of the exercise's points) of each test of one exercise: 80% CPU and 20%
-    device portability, except a written answer ("answer" kind), which is a value and not code:
+    device portability, except for a task that is not portable code (a written answer, a value):
     one test, read on the CPU, for all its points."""
-    if ex.kind == "answer":
+    if not ex.task.portable:
         return [("cpu", 1.0)]
     return [(device, CPU_SHARE if device == "cpu" else 1 - CPU_SHARE) for device in devices]
 

@@ -8,14 +8,17 @@ import re
 
 from nbgrader.preprocessors import ClearSolutions
 
-ANSWER_PREFIX = "predict_"  # grade_id of a "predict the output" answer cell (contract kind "answer")
+from ..shared.contract import CHAPTERS
+
+# The grade ids of the answer cells: the names of the contract's written answers (`Exercise.task`).
+ANSWER_IDS = frozenset(ex.name for ch in CHAPTERS.values() for ex in ch.exercises if ex.task.value)
 
 
 def answer_stub(cell) -> str | None:
     """The stub of a "predict the output" cell: `name = ...` for each name its solution assigns
     (so the exercise notebook runs, and the self-check says "not answered yet"); None for other cells."""
     grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-    if cell.cell_type != "code" or not grade_id.startswith(ANSWER_PREFIX):
+    if cell.cell_type != "code" or not grade_id in ANSWER_IDS:
         return None
     names = re.findall(r"^(\w+)\s*=", cell.source, flags=re.M)
     return "\n".join(f"{name} = ...  # YOUR ANSWER HERE" for name in dict.fromkeys(names)) or None

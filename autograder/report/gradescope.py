@@ -35,7 +35,7 @@ def is_sandbox_note(note: str) -> bool:
 def _answer(exercise_chapter: str, exercise: str) -> bool:
     ch = CHAPTERS.get(exercise_chapter)
     try:
-        return ch is not None and ch.exercise(exercise).kind == "answer"
+        return ch is not None and ch.exercise(exercise).task.value
     except Exception:
         return False
 

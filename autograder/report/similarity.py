@@ -143,10 +143,10 @@ def tokens(node) -> list[str]:
 
 
 def compared(ex) -> bool:
-    """Exercises whose code is compared: those the student writes from scratch. Not a "predict
-    the output" answer (a right answer is the solution's value) nor a "find the bug" fix
-    (`fixed_*`: a right fix of the given code is usually the solution's)."""
-    return ex.kind in ("function", "module", "method") and not ex.name.startswith("fixed_")
+    """Exercises whose code is compared: those the student writes from scratch (the task's
+    `similarity_compared`). Not a written answer (a right answer is the solution's value) nor a
+    find-the-bug fix (a right fix of the given code is usually the solution's)."""
+    return ex.task.similarity_compared
 
 
 @lru_cache(maxsize=None)

@@ -9,13 +9,13 @@ in `autograder/data/selfcheck.agw` (made from the reference solutions by
 solutions nor the grader's hidden cases, and reveals no reference code. Failures raise
 `SelfCheckFailed` with the same diagnosis the autograder gives (`verdict.judge`): the first
 failing aspect, the largest error and where, a hint; except that a find-the-bug hint
-(`fixed_*`) names the symptom only, never the fix: finding the fix is the exercise.
+(`Exercise.task`) names the symptom only, never the fix: finding the fix is the exercise.
 
 This folder, with what it imports, is the student package (`tools/build_student_dist.py`): it
 holds no mistake model (those are working answers, and stay in `autograder/cases/`); the hints
 come from the models' predictions on the quick cases, stored in the data.
 
-A written answer ("predict the output", contract kind "answer") is the exception: this check
+A written answer ("predict the output", a task whose `value` is read) is the exception: this check
 runs where the student can read and patch everything, so its data hold no expected value for
 it, only the shape the question asks for. It checks the answer's form (`answers.check_form`:
 not `...`, numbers, that shape) and says the answer is recorded, with the same words for a
@@ -61,7 +61,7 @@ def run_checks(chapter: str, exercise: str, obj) -> list[tuple[Call, object, str
     namespace = {ex.target: obj}
     results = []
     entries = _fixtures()[f"{chapter}/{exercise}"]
-    if ex.kind == "answer":
+    if ex.task.value:
         for entry in entries:
             c = Call.from_plain(entry["call"])
             results.append((c, check_form(c, execute(namespace, c), Outcome.from_plain(entry["expected"])), ""))
@@ -90,7 +90,7 @@ def check(chapter: str, exercise: str, obj, raise_on_failure: bool = True) -> bo
     SelfCheckFailed with the diagnosis (or, with raise_on_failure=False, print it and return False)."""
     results = run_checks(chapter, exercise, obj)
     failed = [(c, m) for c, m, _ in results if m]
-    answer = CHAPTERS[chapter].exercise(exercise).kind == "answer"
+    answer = CHAPTERS[chapter].exercise(exercise).task.value
     if not failed and answer:
         shape = _fixtures()[f"{chapter}/{exercise}"][0]["expected"]["meta"][0]["shape"]
         print(f"✓ {exercise}: recorded ({shape_words(shape)}, the form the question asks for).\n"

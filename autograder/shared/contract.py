@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .kinds import FIND_THE_BUG, IMPLEMENT, WRITTEN_ANSWER, Task
+
 # Op names (torch.ops.aten overload packets, also torch.* functions of the same name) that count as
 # "PyTorch's ready-made attention". Recorded through a TorchFunctionMode (execute.py), which
 # every route passes: torch.*, Tensor methods, aliases, torch.ops.aten and torch._C bindings.
@@ -75,11 +77,14 @@ NO_SOFTMAX = Forbidden(
 class Exercise:
     """One graded name of the contract.
 
-    kind: "function", "module" (an nn.Module class; construction, parameters and forward are
-    graded) or "method" (a method of the chapter's module class, e.g. prepare_qkv); or
-    "answer": a "predict the output" exercise, a plain value (number or nested list of
-    numbers) assigned to the name, read rather than called (autograder/cases/written_answers.py).
-    The "find the bug" exercises (`fixed_*`) are ordinary functions.
+    kind, how the graded name is reached: "function", "module" (an nn.Module class; construction,
+    parameters and forward are graded) or "method" (a method of the chapter's module class, e.g.
+    prepare_qkv); or "answer": a plain value (number or nested list of numbers) assigned to the
+    name, read rather than called.
+    task, what the student is asked to do (`shared/kinds.py`): IMPLEMENT (the default),
+    WRITTEN_ANSWER ("predict the output", kind "answer": autograder/cases/written_answers.py) or
+    FIND_THE_BUG (a corrected version of a buggy function the notebook shows; kind "function").
+    The rest of the grader asks the task, never the name, what an exercise gets.
     """
 
     name: str
@@ -90,6 +95,11 @@ class Exercise:
     builds_on: tuple = ()     # exercises of the chapter the reference solution calls
     outputs: tuple = ()       # the contract's names of the returned tensors, in order, where they
     #                           are not (output, weights): reports call them by these names
+    task: Task = IMPLEMENT
+
+    def __post_init__(self):
+        if (self.kind == "answer") != self.task.value:
+            raise ValueError(f"{self.name}: a value (kind 'answer') is exactly a written answer's task")
 
     @property
     def target(self) -> str:
@@ -118,45 +128,45 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
     Chapter("01_intuition", "Intuition", (
         Exercise("softmax", "function", 5, NO_SOFTMAX),
         Exercise("attention_pool", "function", 5, builds_on=("softmax",)),
-        Exercise("predict_softmax_large", "answer", 1),
-        Exercise("fixed_softmax_rows", "function", 2, NO_SOFTMAX),
+        Exercise("predict_softmax_large", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_softmax_rows", "function", 2, NO_SOFTMAX, task=FIND_THE_BUG),
     )),
     Chapter("02_scaled_dot_product_attention", "Scaled dot-product attention", (
         Exercise("scaled_dot_product_attention", "function", 10, NO_ATTENTION),
         Exercise("SelfAttention", "module", 5, NO_ATTENTION, builds_on=("scaled_dot_product_attention",)),
-        Exercise("predict_equal_keys_output", "answer", 1),
-        Exercise("fixed_masked_attention", "function", 2, NO_ATTENTION),
+        Exercise("predict_equal_keys_output", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_masked_attention", "function", 2, NO_ATTENTION, task=FIND_THE_BUG),
     )),
     Chapter("03_multi_head_attention", "Multi-head attention", (
         Exercise("split_heads", "function", 3, NO_ATTENTION),
         Exercise("merge_heads", "function", 2, NO_ATTENTION),
         Exercise("MultiHeadAttention", "module", 10, NO_ATTENTION, builds_on=("split_heads", "merge_heads")),
         Exercise("MultiHeadSelfAttention", "module", 5, NO_ATTENTION, builds_on=("merge_heads",)),
-        Exercise("predict_split_heads_shape", "answer", 1),
-        Exercise("fixed_heads_attention", "function", 2, NO_ATTENTION),
+        Exercise("predict_split_heads_shape", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_heads_attention", "function", 2, NO_ATTENTION, task=FIND_THE_BUG),
     )),
     Chapter("04_positional_encoding", "Positional encoding", (
         Exercise("sinusoidal_positional_encoding", "function", 4),
         Exercise("SinusoidalPositionalEncoding", "module", 3, builds_on=("sinusoidal_positional_encoding",)),
         Exercise("LearnedPositionalEmbedding", "module", 3),
         Exercise("apply_rotary_embedding", "function", 5),
-        Exercise("predict_pe_row", "answer", 1),
-        Exercise("fixed_pe_angles", "function", 2),
+        Exercise("predict_pe_row", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_pe_angles", "function", 2, task=FIND_THE_BUG),
     )),
     Chapter("05_masks", "Masks", (
         Exercise("causal_mask", "function", 3),
         Exercise("padding_mask", "function", 3),
         Exercise("decoder_mask", "function", 4, builds_on=("causal_mask", "padding_mask")),
-        Exercise("predict_fully_masked_weights", "answer", 1),
-        Exercise("fixed_masked_softmax", "function", 2),
+        Exercise("predict_fully_masked_weights", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_masked_softmax", "function", 2, task=FIND_THE_BUG),
     )),
     Chapter("06_gated_global_attention", "Gated and global attention", (
         Exercise("prepare_qkv", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
         Exercise("prepare_qkv_global", "method", 3, NO_ATTENTION, owner="MultiHeadAttention"),
         Exercise("MultiHeadAttention", "module", 14, NO_ATTENTION,
                  builds_on=("prepare_qkv", "prepare_qkv_global")),
-        Exercise("predict_zero_gate_factor", "answer", 1),
-        Exercise("fixed_global_query", "function", 2, NO_ATTENTION),
+        Exercise("predict_zero_gate_factor", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_global_query", "function", 2, NO_ATTENTION, task=FIND_THE_BUG),
     )),
     Chapter("07_efficient_attention", "Efficient attention", (
         Exercise("online_softmax_attention", "function", 10, NO_ATTENTION, outputs=("the output", "lse")),
@@ -165,8 +175,8 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
                  outputs=("the output", "the weights", "present_kv's keys", "present_kv's values")),
         Exercise("sliding_window_mask", "function", 2, NO_ATTENTION),
         Exercise("alibi_bias", "function", 3, NO_ATTENTION),
-        Exercise("predict_online_stats", "answer", 1),
-        Exercise("fixed_merge_softmax_stats", "function", 2, NO_ATTENTION,
+        Exercise("predict_online_stats", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_merge_softmax_stats", "function", 2, NO_ATTENTION, task=FIND_THE_BUG,
                  outputs=("the merged maximum m", "the merged sum l")),
     )),
     Chapter("08_transformer", "A transformer that learns", (
@@ -175,8 +185,8 @@ CHAPTERS: dict[str, Chapter] = {c.id: c for c in (
         Exercise("TransformerBlock", "module", 6, NO_TRANSFORMER, builds_on=("MultiHeadAttention", "FeedForward")),
         Exercise("TinyTransformer", "module", 8, NO_TRANSFORMER, builds_on=("TransformerBlock",),
                  outputs=("the logits", *(f"block {i}'s weights" for i in range(1, 17)))),
-        Exercise("predict_feedforward_params", "answer", 1),
-        Exercise("fixed_next_token_loss", "function", 2, NO_TRANSFORMER),
+        Exercise("predict_feedforward_params", "answer", 1, task=WRITTEN_ANSWER),
+        Exercise("fixed_next_token_loss", "function", 2, NO_TRANSFORMER, task=FIND_THE_BUG),
     )),
 )}
 

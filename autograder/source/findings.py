@@ -78,7 +78,7 @@ def findings(cells, chapter: Chapter, tensor_params: dict | None = None) -> dict
 
 
 def _exercise(nb: Notebook, ex, tensor_params: dict) -> ExerciseFindings:
-    if ex.kind == "answer":
+    if not ex.task.code_checked:  # (a written answer: a value, no code)
         return EMPTY
     forbidden: list = []
     names = forbidden_names(ex.forbidden) if ex.forbidden else frozenset()
