@@ -1,6 +1,6 @@
 """Chapter 3: split_heads, merge_heads, MultiHeadAttention and MultiHeadSelfAttention.
 
-The cases follow the contract (shared/exercise-api.md): split/merge run unbatched and with extra
+The cases follow the contract (book/exercise_api.md): split/merge run unbatched and with extra
 leading dimensions; the modules run self- and cross-attention (key only, key and value),
 L_q != L_k, every mask layout the contract names (bool and float, fully masked rows), bias=False,
 odd sizes, float32, the ValueError, and dropout in eval mode (it must be off) and in training

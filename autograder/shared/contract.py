@@ -1,4 +1,4 @@
-"""The exercise contract (shared/exercise-api.md) as data: chapters, exercises, points, forbidden ops.
+"""The exercise contract (book/exercise_api.md) as data: chapters, exercises, points, forbidden ops.
 
 Everything else in the grader asks this module what a chapter contains, so the list of graded
 names lives in one place.
