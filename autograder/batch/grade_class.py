@@ -14,7 +14,7 @@ from ..report import class_report, gradescope, html
 from ..report.text import plural
 from ..grading.results import SubmissionResult
 from ..report.untrusted_text import capped, printable
-from .workers import grade_student, run_all, source_flags
+from .workers import grade_student, run_all, student_flags
 from .grades_csv import write_csv
 
 
@@ -114,7 +114,7 @@ def _grade_students(grader: Grader, work: dict, jobs: int, chapters, done, in_pr
                 chapter_results = grade_student(grader, todo)
             except Exception as e:
                 chapter_results = [grader.failed_chapter(c, nb, e) for c, nb in todo]
-            finish(name, chapter_results, source_flags(Grader.graded_sources(chapter_results)))
+            finish(name, chapter_results, student_flags(chapter_results))
     else:
         run_all(grader, work, jobs, chapters, finish)
     gpu_share.regrade_alone(held, work, grade_student, grader, done)

@@ -104,8 +104,17 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
                 pool.prestart()
             _SPARES.prestart(1)  # the next student's, importing while this one is graded
     deadline = grader.student_deadline()  # (Limits.student_budget for all their chapters)
+    results = []
     try:
-        return [grader.grade_planned(chapter_id, notebook, pool, deadline) for chapter_id, notebook in todo]
+        for chapter_id, notebook in todo:
+            chapter = grader.grade_planned(chapter_id, notebook, pool, deadline)
+            # What the class report reads of the chapter's code, now: its parse (which a student
+            # can make hundreds of MB) is let go before their next chapter is read.
+            chapter.flags = source_flags([(chapter.chapter, chapter.source if chapter.source is not None
+                                           else chapter.notebook)])
+            chapter.source = None
+            results.append(chapter)
+        return results
     finally:
         if pool is not None:
             pool.close()
@@ -158,6 +167,18 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
                                          ctx.Value("i", 0)))
 
 
+def student_flags(chapters: list[ChapterResult]) -> dict:
+    """`source_flags` of a student's graded chapters: each chapter's as `grade_student` kept it,
+    or read from its notebook where it has none (a chapter the grader failed on)."""
+    flags: dict = {"identical": [], "code": {}}
+    for ch in chapters:
+        mine = ch.flags if ch.flags is not None else source_flags(
+            [(ch.chapter, ch.source if ch.source is not None else ch.notebook)])
+        flags["identical"] += mine["identical"]
+        flags["code"].update(mine["code"])
+    return flags
+
+
 def source_flags(todo) -> dict:
     """What the class report reads from the student's code, computed where their notebooks are
     parsed (the worker, under the watchdog): the identical-to-solution flags ("identical") and
@@ -202,7 +223,7 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
     except Exception as e:
         chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
     data = {"chapters": [_capped_plain(SubmissionResult("", [c]).to_plain()["chapters"][0]) for c in chapters],
-            "source": source_flags(Grader.graded_sources(chapters))}
+            "source": student_flags(chapters)}
     atomic.write_text(os.path.join(spool, key + ".json"), _shrunk(data))
     return key
 

@@ -84,6 +84,9 @@ class ChapterResult:
     # The notebook's `source.submission.ParsedSubmission` while its grading is in memory (set
     # by `Grader.grade_notebook`, dropped by `Grader.assemble`); not a field: never saved or copied.
     source = None
+    # What the class report reads of its code (`batch.workers.source_flags`), kept by the batch
+    # in place of `source` once the chapter is graded; not a field either.
+    flags = None
 
     @property
     def score(self) -> float:

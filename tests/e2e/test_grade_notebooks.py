@@ -270,3 +270,33 @@ def test_a_notebook_is_read_and_parsed_once_for_every_check_of_its_code(tmp_path
     number = cells.index(next(c for c in cells if c.startswith("def fixed_heads_attention("))) + 1
     assert f"It is defined in cell {number}, which failed: SyntaxError" in tests["fixed_heads_attention", "cpu"].note
     assert tests["MultiHeadAttention", "cpu"].score == tests["MultiHeadAttention", "cpu"].max_score
+
+
+def test_a_batch_lets_each_chapters_parse_go_before_the_next(tmp_path, monkeypatch):
+    """A student can make a notebook's parse hundreds of MB (long literals in many cells): the
+    batch keeps only what the class report reads of each chapter, before their next chapter is
+    read, and those flags are what reading all their notebooks again gives."""
+    from autograder.batch import workers
+
+    chapters = ["01_intuition", "05_masks"]
+    for ch in chapters:
+        shutil.copy(REPO / "solutions" / f"{ch}.ipynb", tmp_path / f"{ch}.ipynb")
+    grader = Grader(device="cpu")
+    _, todo = grader.plan(tmp_path)
+    graded, held = [], []
+    real = grader.grade_planned
+
+    def spy(*args, **kwargs):
+        held.append([ch.source is not None for ch in graded])  # (parses held as this one starts)
+        graded.append(real(*args, **kwargs))
+        return graded[-1]
+
+    monkeypatch.setattr(grader, "grade_planned", spy)
+    results = workers.grade_student(grader, todo)
+    assert [ch.chapter for ch in results] == chapters and held == [[], [False]]
+    assert all(ch.source is None and ch.flags is not None for ch in results)
+    flags = workers.student_flags(results)
+    assert flags == workers.source_flags(todo)  # (the notebooks read again, from their files)
+    assert sorted(map(tuple, flags["identical"])) == sorted(
+        (ch, ex.name) for ch in chapters for ex in CHAPTERS[ch].exercises
+        if ex.task.similarity_compared)
