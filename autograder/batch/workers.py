@@ -110,8 +110,7 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
             chapter = grader.grade_planned(chapter_id, notebook, pool, deadline)
             # What the class report reads of the chapter's code, now: its parse (which a student
             # can make hundreds of MB) is let go before their next chapter is read.
-            chapter.flags = source_flags([(chapter.chapter, chapter.source if chapter.source is not None
-                                           else chapter.notebook)])
+            chapter.flags = source_flags(Grader.graded_sources([chapter]))
             chapter.source = None
             results.append(chapter)
         return results
@@ -172,8 +171,7 @@ def student_flags(chapters: list[ChapterResult]) -> dict:
     or read from its notebook where it has none (a chapter the grader failed on)."""
     flags: dict = {"identical": [], "code": {}}
     for ch in chapters:
-        mine = ch.flags if ch.flags is not None else source_flags(
-            [(ch.chapter, ch.source if ch.source is not None else ch.notebook)])
+        mine = ch.flags if ch.flags is not None else source_flags(Grader.graded_sources([ch]))
         flags["identical"] += mine["identical"]
         flags["code"].update(mine["code"])
     return flags

@@ -18,7 +18,7 @@ def answer_stub(cell) -> str | None:
     """The stub of a "predict the output" cell: `name = ...` for each name its solution assigns
     (so the exercise notebook runs, and the self-check says "not answered yet"); None for other cells."""
     grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-    if cell.cell_type != "code" or not grade_id in ANSWER_IDS:
+    if cell.cell_type != "code" or grade_id not in ANSWER_IDS:
         return None
     names = re.findall(r"^(\w+)\s*=", cell.source, flags=re.M)
     return "\n".join(f"{name} = ...  # YOUR ANSWER HERE" for name in dict.fromkeys(names)) or None

@@ -16,6 +16,7 @@ import ast
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterable
 from functools import cached_property
 
@@ -155,17 +156,22 @@ def _parse(source: str) -> tuple[ast.Module | None, str | None]:
 def _parse_long_integers(source: str) -> tuple[ast.Module | None, str | None]:
     """A cell with an integer literal past Python's digit limit, which the student's code can
     lift (`sys.set_int_max_str_digits(0)`) before the cell runs: read without the limit (a
-    capped cell's literal costs well under a second)."""
-    old = sys.get_int_max_str_digits()
-    try:
-        sys.set_int_max_str_digits(0)
-        return ast.parse(source), None
-    except (SyntaxError, ValueError):
-        return None, None
-    except (RecursionError, MemoryError) as e:
-        return None, type(e).__name__
-    finally:
-        sys.set_int_max_str_digits(old)
+    capped cell's literal costs well under a second). The limit is the process's: `grade` parses
+    chapters in threads, and one parse must not restore another's lifted limit for good."""
+    with _DIGITS_LIFTED:
+        old = sys.get_int_max_str_digits()
+        try:
+            sys.set_int_max_str_digits(0)
+            return ast.parse(source), None
+        except (SyntaxError, ValueError):
+            return None, None
+        except (RecursionError, MemoryError) as e:
+            return None, type(e).__name__
+        finally:
+            sys.set_int_max_str_digits(old)
+
+
+_DIGITS_LIFTED = threading.Lock()
 
 
 _DEFINITION = re.compile(r"[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)")

@@ -157,3 +157,24 @@ def test_a_long_integer_literal_does_not_hide_a_forbidden_call():
     result = findings(ParsedSubmission(cells), CHAPTERS["02_scaled_dot_product_attention"], {})
     assert result["scaled_dot_product_attention"].forbidden_names
     assert sys.get_int_max_str_digits() == 4300  # (the grader's own limit is back)
+
+
+def test_long_literals_parsed_in_threads_leave_the_digit_limit_on():
+    """`grade` parses a student's chapters in threads: one parse lifting the process's digit
+    limit must not be restored by another as "lifted" (the grader would then convert any huge
+    number a child sends at quadratic cost, outside every budget)."""
+    import sys
+    import threading
+
+    cell = "x = " + "9" * 20_000 + "\n"
+
+    def parse_many():
+        for _ in range(40):
+            assert ParsedSubmission([cell]).trees[0] is not None
+
+    threads = [threading.Thread(target=parse_many) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sys.get_int_max_str_digits() == 4300
