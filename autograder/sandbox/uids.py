@@ -99,6 +99,10 @@ def lease() -> Lease:
                 continue
             os.ftruncate(turn_fd, 0)
             os.pwrite(turn_fd, str((start + step + 1) % size).encode(), 0)
+            # A uid's keyrings outlive its processes: a key its last holder (this run's student
+            # or an earlier run's) left there must not reach the next.
+            from .uid_cleanup import clear_keyrings
+            clear_keyrings(uid)
             return Lease(uid, fd)
     finally:
         os.close(turn_fd)

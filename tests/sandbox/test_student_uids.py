@@ -140,3 +140,27 @@ def test_a_uid_is_not_handed_out_twice_at_once_and_comes_back_last():
         assert c.uid not in (a.uid, b.uid)  # released ones come back only after the others
     finally:
         c.release()
+
+
+def test_a_key_left_in_a_uids_keyring_does_not_reach_its_next_student(monkeypatch):
+    """A uid's keyring outlives its processes (and the batch): a student who leaves a key there
+    must not hand it to whoever is given that uid next, in this run or a later one."""
+    from autograder.sandbox import uids
+    from autograder.sandbox.uid_cleanup import KEYCTL, USER_KEYRING, as_uid
+
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    nr = KEYCTL[os.uname().machine]
+    add_key = {"x86_64": 248, "aarch64": 217}[os.uname().machine]
+    first, last = uid_range()
+    monkeypatch.setattr(uids, "uid_range", lambda: (last, last))  # (the one uid lease can give)
+
+    def keys() -> int:
+        return as_uid(last, lambda: max(syscall(nr, 11, USER_KEYRING, None, 0), 0) // 4)  # KEYCTL_READ
+
+    as_uid(last, lambda: syscall(add_key, b"user", b"left-behind", b"42", 2, USER_KEYRING) <= 0)
+    assert keys() == 1  # (the attack: a key in the uid's keyring, no process of it left)
+    lease = uids.lease()
+    try:
+        assert lease.uid == last and keys() == 0
+    finally:
+        lease.release()
