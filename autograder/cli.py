@@ -33,7 +33,7 @@ def _positive(text: str) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: CPU, plus CUDA when available (else the device check on fake CUDA tensors); "
+                   help="auto: CPU, plus CUDA when available (else the device check: as if on a GPU, without values); "
                         "cpu: CPU and the device check; cuda: require a GPU (default: auto)")
     p.add_argument("--chapters", type=_chapters, default=None, metavar="LIST",
                    help="comma-separated chapters to grade, e.g. 02,03 (missing notebooks score zero); "
@@ -311,8 +311,8 @@ def _grade(args, grader, sandboxes, references) -> int:
             not references.complete(args.chapters or list(CHAPTERS), grader.devices,
                                     grader.seed, grader.quick):
         # The device check's references need torch's symbolic shapes (sympy) and torch._dynamo
-        # (fake tensors import both, ~1.5 s): import them while this process waits for the
-        # student's sandbox to be ready.
+        # (the meta device's Python kernels import both, ~1.5 s): import them while this
+        # process waits for the student's sandbox to be ready.
         import importlib
         import threading
 

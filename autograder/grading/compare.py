@@ -360,23 +360,11 @@ def _compare_params(student: Outcome, expected: Outcome) -> Mismatch | None:
     return None
 
 
-def _as_if_on(outcome: Outcome, device: str) -> list:
-    """An outcome's output descriptions, with "meta" read as `device` where the call fell back
-    to the meta device (device_check: fake tensors have no values), so either side may have."""
-    if not outcome.device_note:
-        return outcome.meta
-    return [{**m, "device": device} if m.get("device") == "meta" else m for m in outcome.meta]
-
-
 def compare_meta(call: Call, student: Outcome, expected: Outcome) -> Mismatch | None:
-    """For the device check (fake CUDA, or the meta device): everything but values (neither has
-    any)."""
+    """For the device check (or the meta device): everything but values (neither has any)."""
     # (shallow copies: `compare` only reads them; to_plain would deep-copy every tensor)
-    on = "cuda" if call.device == FAKE_CUDA else call.device
-    stripped = dataclasses.replace(expected, outputs=[None] * len(expected.outputs), grads={}, at_float32=None,
-                                   meta=_as_if_on(expected, on))
-    s = dataclasses.replace(student, outputs=[None] * len(student.outputs), grads={}, inputs_modified=[],
-                            meta=_as_if_on(student, on))
+    stripped = dataclasses.replace(expected, outputs=[None] * len(expected.outputs), grads={}, at_float32=None)
+    s = dataclasses.replace(student, outputs=[None] * len(student.outputs), grads={}, inputs_modified=[])
     m = compare(call, s, stripped)
     mixed = m and m.aspect == "error" and any(w in m.message.lower() for w in ("meta", "same device"))
     if mixed or (m and m.aspect == "device"):

@@ -114,8 +114,8 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
 
 
 def _judge_case(ex: Exercise, c: Call, key, student: Outcome, references) -> tuple[Verdict, Outcome]:
-    """The verdict on one case and the reference it was judged against: a fake-CUDA failure the
-    meta device cannot check is waved through with a note, and a float64 value/gradient mismatch
+    """The verdict on one case and the reference it was judged against: a device-check failure
+    for want of values is waved through with a note, and a float64 value/gradient mismatch
     is judged again against the reference's own float32 run (the float32 policy)."""
     expected = references.expected(c, key)
     verdict = judge(ex, c, student, expected)
@@ -136,8 +136,7 @@ def _case_result(c: Call, device: str, student: Outcome, expected: Outcome, verd
         result.not_implemented = m.not_implemented
         result.figure = _figure(c, student, expected, m)
     if student.device_note and not result.note:
-        result.note = (f"run on the meta device: fake CUDA tensors have no values "
-                       f"({student.device_note})")
+        result.note = f"not checked: the device check has no values ({student.device_note})"
     return result
 
 

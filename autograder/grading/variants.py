@@ -18,7 +18,7 @@ HALF_CASES = 3  # how many cases also run in half precision on CUDA
 
 def device_plan(requested: str = "auto") -> list[str]:
     """The devices to grade on: always the CPU, then CUDA where present, else the device check
-    (fake CUDA)."""
+    (as if on a GPU: runtime/device_check)."""
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:
         raise RuntimeError("--device cuda was requested but torch.cuda.is_available() is False")
@@ -61,7 +61,7 @@ def code_path(call: Call) -> tuple:
 
 def device_check_groups(cases: list[Call]) -> dict[int, int]:
     """index of each case the device check covers -> index of the case run for its code path
-    (the first case of that path). A memory case checks memory, which fake and meta tensors
+    (the first case of that path). A memory case checks memory, which meta tensors
     have none of; a train-mode case draws dropout, which they cannot compare."""
     first: dict = {}
     groups = {}

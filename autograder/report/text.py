@@ -13,11 +13,11 @@ from .untrusted_text import printable
 
 # What the device check of the reports is (the README's words, "Scoring"); said once per report.
 META_NOTE = ("fake-cuda: the device check: your code run as if on a GPU where no GPU is present "
-             "(PyTorch's fake tensors on a simulated CUDA device: shapes, dtypes and devices but no values), "
-             "to catch tensors created on a fixed device, such as a CPU tensor meeting a CUDA one; it runs "
-             "one case of each code path (no mask, a boolean mask, a float mask, ...) and gives its result "
-             "to the others; an op that needs values runs on PyTorch's meta device instead, and the case "
-             "says so. It carries 20% of each exercise's points (a written answer is not run there), "
+             "(tensors with shapes, dtypes and devices but no values, on PyTorch's meta device, held to "
+             "CUDA's device rules), to catch tensors created on a fixed device, such as a CPU tensor "
+             "meeting a CUDA one; it runs one case of each code path (no mask, a boolean mask, a float "
+             "mask, ...) and gives its result to the others; code whose control flow needs values "
+             "(`.item()`, `if t.any():`) is credited unchecked, and the case says so. It carries 20% of each exercise's points (a written answer is not run there), "
              "credited only for cases correct on the CPU.")
 
 

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..shared.calls import Call, ErrorKind, Outcome
 from ..shared.contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, CHAPTERS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
-from .device_check import FAKE_CUDA, FakeCuda, is_fake, move_module, needs_meta, torch_device
+from .device_check import FAKE_CUDA, FakeCuda, move_module, needs_meta, reported_device, torch_device
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
 WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
@@ -200,7 +200,7 @@ DEVICE_PLACEHOLDER = "$device"  # a Call argument replaced by the call's device 
 def _place(x: Any, device: str, dtype: torch.dtype, fake: bool = False) -> Any:
     if isinstance(x, str) and x == DEVICE_PLACEHOLDER:
         return device
-    if isinstance(x, torch.Tensor) and fake:  # (no values on fake CUDA: an empty tensor is as good
+    if isinstance(x, torch.Tensor) and fake:  # (no values on the device check: an empty tensor is as good
         # as a copy, and costs no conversion of the real one)
         return torch.empty(x.shape, device=device, dtype=dtype if x.is_floating_point() else x.dtype)
     if isinstance(x, torch.Tensor):
@@ -214,7 +214,7 @@ def _place(x: Any, device: str, dtype: torch.dtype, fake: bool = False) -> Any:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.device.type == "meta" or is_fake(a):  # (no values to compare)
+    if a.device.type == "meta":  # (no values to compare)
         return True
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -283,11 +283,8 @@ def execute(namespace: dict, call: Call, reraise: tuple = (), trusted: bool = Fa
         return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
     with TorchState(), _CallRecorder(_prerequisites(namespace, call)) as calls:
         out = _execute(target, call, reraise, trusted)
-        if call.device == FAKE_CUDA and needs_meta(out.error):
-            # fake tensors have no values: a value-dependent op runs on the meta device instead
-            why = f"{out.error['type']}: {out.error['message'][:160]}"
-            out = _execute(target, call.on("meta", call.dtype), reraise, trusted)
-            out.device_note = why
+        if call.device == FAKE_CUDA and needs_meta(out.error):  # (the device check has no values)
+            out.device_note = f"{out.error['type']}: {out.error['message'][:160]}"
     out.called = sorted(calls.called)
     return out
 
@@ -404,8 +401,8 @@ def _run(target, call: Call, reraise: tuple, device: str, dtype, seen: set, out:
     fake = call.device == FAKE_CUDA
     module = None
     if call.init is not None and fake and not call.as_default:
-        # On fake CUDA the module is built and loaded on the CPU, then moved, as a run on a GPU
-        # does (and as fast: fake tensors' Python dispatch of every init op cost more than the call).
+        # On the device check the module is built and loaded on the CPU, then moved, as a run on
+        # a GPU does (an __init__ that makes tensors on a fixed device is no mistake there).
         module = _build_module(target, call, "cpu", dtype, seen, out)
         if module is None:
             return out
@@ -438,7 +435,7 @@ def _call(target, module, call: Call, device: str, dtype, seen: set, out: Outcom
         value = fn(*args, **kwargs)
     if call.measure_memory:
         out.largest_tensor = [largest.numel, f"aten.{largest.op}"]
-    flat = _record_outputs(value, out)
+    flat = _record_outputs(value, out, call.device)
 
     if grad_inputs and device != "meta" and call.device != FAKE_CUDA:
         out.grads = _gradients(flat, grad_inputs, call.seed)
@@ -461,7 +458,7 @@ def _inputs(call: Call, device: str, dtype, fake: bool) -> tuple:
         if isinstance(t, torch.Tensor) and t.is_floating_point():
             t.requires_grad_(True)
             grad_inputs[name] = t
-    pristine = {} if fake else {  # (fake tensors have no values to compare)
+    pristine = {} if fake else {  # (the device check has no values to compare)
         k: v.detach().clone() for k, v in named_inputs.items() if isinstance(v, torch.Tensor)}
     return args, kwargs, named_inputs, grad_inputs, pristine
 
@@ -506,7 +503,7 @@ def _build_module(target, call: Call, device: str, dtype, seen: set, out: Outcom
 
 def _load_state(module, state: dict, dtype, fake: bool, out: Outcome) -> None:
     """The reference weights loaded into `module`; what does not fit goes to `out.load_error`."""
-    state = {k: _place(v, "cpu", dtype, fake) if fake else v.to(dtype) if v.is_floating_point() else v
+    state = {k: _place(v, "meta", dtype, fake) if fake else v.to(dtype) if v.is_floating_point() else v
              for k, v in state.items()}
     own = module.state_dict()
     missing = [k for k in state if k not in own]
@@ -519,7 +516,7 @@ def _load_state(module, state: dict, dtype, fake: bool, out: Outcome) -> None:
             out.load_error = str(e).strip().splitlines()[-1][:500]
 
 
-def _record_outputs(value, out: Outcome) -> list:
+def _record_outputs(value, out: Outcome, call_device: str) -> list:
     """What the call returned, described in `out` (structure, per-output meta, CPU copies of the
     values); returns the flattened outputs."""
     out.returned = _describe(value)
@@ -527,8 +524,8 @@ def _record_outputs(value, out: Outcome) -> list:
     for v in flat:
         if isinstance(v, torch.Tensor):
             out.meta.append({"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch."),
-                             "device": v.device.type})
-            out.outputs.append(None if v.device.type == "meta" or is_fake(v) else _plain(v).to("cpu"))
+                             "device": reported_device(v, call_device)})
+            out.outputs.append(None if v.device.type == "meta" else _plain(v).to("cpu"))
         else:
             out.meta.append({"type": type(v).__name__})
             out.outputs.append(None)

@@ -12,7 +12,7 @@ import sys
 
 # Imported before a late privilege drop (fallback as root), for a Python installation that the
 # unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
-# torch._dynamo, which the device check's FakeTensorMode() imports for its config (0.7 s: once,
+# torch._dynamo, which the meta device's Python kernels import on first use (0.7 s: once,
 # before the chapters fork; the memory case's child, forked first, never needs it). Sympy
 # (torch's symbolic shapes) is imported before any fork: torch.broadcast_shapes imports it, and
 # inside the memory case's cap it would take 34 MB of the student's headroom.

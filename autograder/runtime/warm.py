@@ -134,7 +134,7 @@ def serve_box(ctl_fd: int, config: dict, start: float) -> None:
         if len(fds) != 3:
             return False
         memory_case = bool(message.config.get("data_headroom"))
-        if not memory_case:  # (its device check needs fake tensors: imported once, before forking)
+        if not memory_case:  # (the device check needs torch._dynamo: imported once, before forking)
             import_all()
         pid = loop.fork()
         if pid == 0:

@@ -110,7 +110,7 @@ def test_calls_from_several_threads_never_see_each_others_defaults():
     assert torch.get_default_dtype() == torch.float32
 
 
-def test_a_module_moved_to_fake_cuda_is_laid_out_as_on_a_gpu():
+def test_a_module_moved_for_the_device_check_is_laid_out_as_on_a_gpu():
     """`module.to("cuda")` makes an expanded (overlapping) buffer contiguous and keeps a dense
     transposed one as it is: the device check's moved module does the same, so `.view` on it
     passes or fails as it would on a GPU."""
@@ -121,7 +121,7 @@ def test_a_module_moved_to_fake_cuda_is_laid_out_as_on_a_gpu():
     module.register_buffer("transposed", torch.zeros(4, 3).t())
     with FakeCuda():
         move_module(module, "cuda", torch.float32)
-        assert module.expanded.device.type == "cuda" and module.expanded.is_contiguous()
+        assert module.expanded.device.type == "meta" and module.expanded.is_contiguous()
         assert module.expanded.view(12).shape == (12,)
         assert module.transposed.stride() == (1, 3)
 
@@ -144,12 +144,12 @@ def host_handler_raising_on_sigusr1():
 
 
 def softmax_signalled_on_fake_cuda(namespace: dict) -> dict:
-    """`namespace` with a softmax during whose device check (fake CUDA) the host's signal comes:
+    """`namespace` with a softmax during whose device check the host's signal comes:
     what a loaded machine did to chapter 8's TinyTransformer when the test's 600 s ran out."""
     real = namespace["softmax"]
 
     def softmax(x, *args, **kwargs):
-        if x.device.type == "cuda":
+        if x.device.type == "meta":  # (the device check's GPU)
             signal.raise_signal(signal.SIGUSR1)
         return real(x, *args, **kwargs)
     return {**namespace, "softmax": softmax}
