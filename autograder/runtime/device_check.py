@@ -114,11 +114,13 @@ _MOVES = {
 }
 
 # Ops that take tensors of several devices on a GPU: copies, and indexing (CPU indices, values).
-_aten = torch.ops.aten
-_MIXED_OK = frozenset({
-    _aten._to_copy.default, _aten.copy_.default, _aten._foreach_copy.default, _aten.lift_fresh.default,
-    _aten.lift_fresh_copy.default, _aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default,
-    _aten._index_put_impl_.default, _aten._unsafe_index.Tensor, _aten._unsafe_index_put.default})
+_MIXED_OK = frozenset(
+    getattr(getattr(torch.ops.aten, name), overload)
+    for name, overload in (("_to_copy", "default"), ("copy_", "default"), ("_foreach_copy", "default"),
+                           ("lift_fresh", "default"), ("lift_fresh_copy", "default"), ("index", "Tensor"),
+                           ("index_put", "default"), ("index_put_", "default"), ("_index_put_impl_", "default"),
+                           ("_unsafe_index", "Tensor"), ("_unsafe_index_put", "default"))
+    if hasattr(getattr(torch.ops.aten, name, None), overload))  # (the ops this torch has)
 
 
 def _scalar_on_gpu(x):
