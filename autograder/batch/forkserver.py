@@ -10,8 +10,8 @@ import multiprocessing.forkserver
 
 # What a worker would otherwise import on its first chapter: torch and the grader, nbformat
 # (reading notebooks). IPython's input transformer is loaded without the IPython package
-# (source/notebook: 0.03 s where a worker needs it). Not torch._dynamo nor sympy (torch's
-# symbolic shapes): only the device check's meta kernels need them, and a worker runs none (it
+# (source/notebook: 0.03 s where a worker needs it). Not sympy (torch's symbolic shapes): only
+# the device check's meta kernels need it, and a worker runs none (it
 # gets every reference outcome, computed by the command before the workers start; imported
 # where one is missing).
 PRELOAD = ["autograder.grading.grader", "autograder.session.student_session", "autograder.source.notebook"]

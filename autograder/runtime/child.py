@@ -109,6 +109,10 @@ def import_runtime() -> None:
     import torch  # noqa: F401
 
     from ..shared import wire  # noqa: F401
+    from .device_check import FakeCuda, skip_dynamo_import
+
+    skip_dynamo_import()
+    FakeCuda.marked = True
 
 
 def main(argv: list[str]) -> None:

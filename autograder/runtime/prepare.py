@@ -10,15 +10,16 @@ import sys
 
 
 
-# Imported before a late privilege drop (fallback as root), for a Python installation that the
-# unprivileged user cannot read (pyenv under /root): what notebooks and their graded code import.
-# torch._dynamo, which the meta device's Python kernels import on first use (0.7 s: once,
-# before the chapters fork; the memory case's child, forked first, never needs it). Sympy
-# (torch's symbolic shapes) is imported before any fork: torch.broadcast_shapes imports it, and
-# inside the memory case's cap it would take 34 MB of the student's headroom.
-DEFERRED_IMPORTS = ("torch._dynamo",)
+# Imported by the warm worker before any fork, and before a late privilege drop (fallback as
+# root) for a Python installation that the unprivileged user cannot read (pyenv under /root):
+# what notebooks and their graded code import. Sympy (torch's symbolic shapes) is imported
+# before any fork: torch.broadcast_shapes and the meta device import it, and inside the memory
+# case's cap it would take 34 MB of the student's headroom. Not torch._dynamo (0.7 s): the
+# device check does without it (device_check.skip_dynamo_import); only a late drop imports it,
+# for code that compiles.
+LATE_DROP_IMPORTS = ("torch._dynamo",)
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",
-             "torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor", *DEFERRED_IMPORTS,
+             "torch.fx.experimental.symbolic_shapes",
              "torch.utils._device",  # `with torch.device(...)` imports it lazily (execute._Defaults)
              "numpy", "numpy.random", "math", "cmath", "random", "itertools", "functools",
              "collections", "typing", "dataclasses", "copy", "json", "time", "socket",
@@ -47,7 +48,7 @@ def prepare(config: dict) -> None:
     if config.get("drop") and config.get("drop_late"):
         import importlib
 
-        for name in PREIMPORT:
+        for name in (*PREIMPORT, *LATE_DROP_IMPORTS):
             try:
                 importlib.import_module(name)
             except Exception:

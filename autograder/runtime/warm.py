@@ -12,7 +12,7 @@ import time
 
 from . import procs
 from .child import import_runtime, serve
-from .prepare import DEFERRED_IMPORTS, PREIMPORT, prctl, prepare
+from .prepare import PREIMPORT, prctl, prepare
 
 
 # ------------------------------------------------------------------------- the warm worker
@@ -30,16 +30,14 @@ def warm(argv: list[str]) -> None:
     prepare(config)
     prctl(4, 0)   # PR_SET_DUMPABLE 0: the chapters (same uid) cannot ptrace or read this one
     prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a chapter come back here and are killed
-    import_all(but=DEFERRED_IMPORTS)  # (imported in `serve_box` while the memory case runs)
+    import_all()
     serve_box(ctl_fd, config, start)
 
 
-def import_all(but=()) -> None:
+def import_all() -> None:
     import importlib
 
     for name in PREIMPORT:
-        if name in but:
-            continue
         try:
             importlib.import_module(name)
         except Exception:
@@ -133,17 +131,12 @@ def serve_box(ctl_fd: int, config: dict, start: float) -> None:
     def fork(message: p.Fork, fds: list) -> bool:
         if len(fds) != 3:
             return False
-        memory_case = bool(message.config.get("data_headroom"))
-        if not memory_case:  # (the device check needs torch._dynamo: imported once, before forking)
-            import_all()
         pid = loop.fork()
         if pid == 0:
             _chapter_child(fds, config, message, start)
         p._close(fds)
         chapters[pid] = message.token
         loop.send(p.Forked(pid))
-        if memory_case:  # a memory case runs on the CPU alone: the rest is imported meanwhile
-            import_all()
         return True
 
     def kill(message: p.Kill, fds: list) -> bool:
