@@ -166,3 +166,31 @@ def test_every_case_of_a_code_path_takes_its_representatives_verdict():
     cpu = next(t for t in e["tests"] if t.device == "cpu")
     assert len(device.cases) == len(cpu.cases)
     assert any("same code path" in c.message for c in device.cases if not c.passed)
+
+
+def test_the_device_check_runs_without_importing_torch_dynamo():
+    """torch._dynamo's import (0.7 s of CPU) was most of a sandbox's start after torch: the
+    device check marks the meta device's kernels instead (device_check.skip_dynamo_import).
+    Every reference solution's device-check calls, in a fresh process, as a chapter runs them."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch.fx.experimental.symbolic_shapes\n"
+        "from autograder.runtime.child import import_runtime\n"
+        "import_runtime()\n"
+        "from autograder.runtime.execute import execute\n"
+        "from autograder.references.cache import REFERENCES\n"
+        "from autograder.references.solutions import load_reference\n"
+        "from autograder.grading.variants import variants\n"
+        "from autograder.shared.contract import CHAPTERS\n"
+        "n = 0\n"
+        "for ch in CHAPTERS.values():\n"
+        "    for ex in ch.exercises:\n"
+        "        for _, c in variants(REFERENCES.cases(ch.id, ex.name, 0, False), 'fake-cuda'):\n"
+        "            execute(load_reference(ch.id), c); n += 1\n"
+        "print(n, 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    calls, dynamo = out.stdout.split()
+    assert int(calls) > 100 and dynamo == "False"
