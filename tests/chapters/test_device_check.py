@@ -171,12 +171,13 @@ def test_every_case_of_a_code_path_takes_its_representatives_verdict():
 def test_the_device_check_runs_without_importing_torch_dynamo():
     """torch._dynamo's import (0.7 s of CPU) was most of a sandbox's start after torch: the
     device check marks the meta device's kernels instead (device_check.skip_dynamo_import).
-    Every reference solution's device-check calls, in a fresh process, as a chapter runs them."""
+    Every reference solution's device-check calls, and arithmetic with Python numbers as
+    students write it, in a fresh process set up as a chapter's is."""
     import subprocess
     import sys
 
     script = (
-        "import sys, torch.fx.experimental.symbolic_shapes\n"
+        "import sys, torch, torch.fx.experimental.symbolic_shapes\n"
         "from autograder.runtime.child import import_runtime\n"
         "import_runtime()\n"
         "from autograder.runtime.execute import execute\n"
@@ -189,6 +190,10 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
         "    for ex in ch.exercises:\n"
         "        for _, c in variants(REFERENCES.cases(ch.id, ex.name, 0, False), 'fake-cuda'):\n"
         "            execute(load_reference(ch.id), c); n += 1\n"
+        "from autograder.runtime.device_check import FakeCuda\n"
+        "with FakeCuda():\n"  # (student code: arithmetic with Python numbers runs torch's references)
+        "    x = torch.ones(2, 3, device='cuda')\n"
+        "    (x * 2 + 1).masked_fill(x > 0, float('-inf')).softmax(-1)\n"
         "print(n, 'torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
