@@ -180,6 +180,10 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
         "import sys, torch, torch.fx.experimental.symbolic_shapes\n"
         "from autograder.runtime.child import import_runtime\n"
         "import_runtime()\n"
+        "from autograder.runtime.device_check import FakeCuda\n"
+        "with FakeCuda():\n"  # (student code: arithmetic with Python numbers runs torch's references)
+        "    x = torch.ones(2, 3, device='cuda')\n"
+        "    (x * 2 + 1).masked_fill(x > 0, float('-inf')).softmax(-1)\n"
         "from autograder.runtime.execute import execute\n"
         "from autograder.references.cache import REFERENCES\n"
         "from autograder.references.solutions import load_reference\n"
@@ -190,10 +194,6 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
         "    for ex in ch.exercises:\n"
         "        for _, c in variants(REFERENCES.cases(ch.id, ex.name, 0, False), 'fake-cuda'):\n"
         "            execute(load_reference(ch.id), c); n += 1\n"
-        "from autograder.runtime.device_check import FakeCuda\n"
-        "with FakeCuda():\n"  # (student code: arithmetic with Python numbers runs torch's references)
-        "    x = torch.ones(2, 3, device='cuda')\n"
-        "    (x * 2 + 1).masked_fill(x > 0, float('-inf')).softmax(-1)\n"
         "print(n, 'torch._dynamo' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
