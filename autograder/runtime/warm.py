@@ -67,9 +67,15 @@ class ControlLoop:
         self.p.send(self.ctl, message)
 
     def fork(self) -> int:
-        """os.fork; the child keeps none of the loop (its signal handling, its descriptors)."""
+        """os.fork; the child keeps none of the loop (its signal handling, its descriptors).
+        What this process holds is frozen out of the garbage collector first (`gc.freeze`): a
+        child's collections then never walk the inherited heap (torch's objects), which would
+        write to, and so copy, most of its pages."""
+        import gc
+
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
