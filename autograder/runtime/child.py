@@ -109,10 +109,8 @@ def import_runtime() -> None:
     import torch  # noqa: F401
 
     from ..shared import wire  # noqa: F401
-    from .device_check import FakeCuda, skip_dynamo_import
-
-    skip_dynamo_import()
-    FakeCuda.marked = True
+    from . import execute  # noqa: F401 (importing it marks torch's references, so that no chapter
+    # imports torch._dynamo: `execute._avoid_dynamo_import`, before a fork freezes the heap)
 
 
 def main(argv: list[str]) -> None:

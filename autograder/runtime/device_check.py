@@ -11,10 +11,11 @@ simulated CUDA device, at about three times the cost (their dispatch is Python):
 replaced them.
 
 The code believes it runs on CUDA: a device the code names as "cuda" (`device="cuda"`,
-`x.to("cuda")`, `.cuda()`) is the meta device here (`_DeviceMoves`), and a result on the meta
-device is reported as on "cuda". A move to the CPU gives a CPU tensor of zeros (no values exist
-to move). An op whose result depends on values (`.item()`, `if mask.any():`, `nonzero`) cannot
-run without values: the call is then not checked (`unchecked`), and the report says so.
+`x.to("cuda")`, `.cuda()`) is the meta device here (`_DeviceMoves`), a GPU tensor says
+`is_cuda`, a `device` argument the grader passes is "cuda", and a result on the meta device is
+reported as on "cuda". What needs values cannot run without them: a move back to the CPU,
+`.item()`, `if mask.any():`, `nonzero`, an op with no meta kernel. The call is then not
+checked (`unchecked`), and the report says so.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ _LIMITS = ("DataDependentOutputException", "DynamicOutputShapeException", "Unsup
            "UnsupportedFakeTensorException", "GuardOnDataDependentSymNode", "UnsupportedOperatorError")
 _LIMIT_MESSAGES = ("not linked with support for cuda", "cannot be called on meta tensors", "couldn't swap",
                    "data-dependent", "data dependent", "data-independent implementation",
-                   "cannot copy out of meta tensor")
+                   "cannot copy out of meta tensor", "meta kernel", "with meta tensors")
 
 
 class DeviceMismatchError(RuntimeError):
@@ -83,12 +84,11 @@ def _gpu(device):
 
 
 def _move(t: torch.Tensor, device=None, dtype=None, copy: bool = False) -> torch.Tensor:
+    """`t` on `device` (CUDA: the meta device). Off the GPU, aten refuses: no values to bring."""
     device = t.device if device is None else _gpu(device)
     dtype = t.dtype if dtype is None else dtype
     if device == t.device and dtype == t.dtype and not copy:
         return t
-    if t.device.type == "meta" and device.type != "meta":  # off the GPU: no values to bring
-        return torch.zeros(t.shape, dtype=dtype, device=device)
     return torch.ops.aten._to_copy.default(t, dtype=dtype, device=device)
 
 
@@ -96,24 +96,21 @@ def _to(self, *args, **kwargs):
     copy = kwargs.pop("copy", False)
     if len(args) >= 4 and isinstance(args[3], bool):  # to(device, dtype, non_blocking, copy)
         copy, args = args[3], args[:3]
-    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
-    return _move(self, device, dtype, copy)
-
-
-def _copy_(self, src, non_blocking=False):
-    if isinstance(src, torch.Tensor) and src.device.type == "meta" and self.device.type != "meta":
-        return self  # (a copy off the GPU: no values to bring)
-    return torch.Tensor.copy_(self, src)
+    device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    moved = _move(self, device, dtype, copy)
+    if memory_format is not None and memory_format != torch.preserve_format:
+        moved = moved.contiguous(memory_format=memory_format)
+    return moved
 
 
 _MOVES = {
     torch.Tensor.to: _to,
     torch.Tensor.cuda: lambda self, device=None, non_blocking=False, **_: _move(self, _META),
-    torch.Tensor.cpu: lambda self, **_: _move(self, "cpu"),
-    torch.Tensor.copy_: _copy_,
+    torch.Tensor.is_cuda.__get__: lambda self: self.device.type in ("cuda", "meta"),
 }
 
-# Ops that take tensors of several devices on a GPU: copies, and indexing (CPU indices, values).
+# Ops that take tensors of several devices on a GPU: copies, and indexing with CPU indices
+# (`_PUTS`: whose values, other than a 0-dim scalar, must be on the GPU, as on CUDA).
 _MIXED_OK = frozenset(
     getattr(getattr(torch.ops.aten, name), overload)
     for name, overload in (("_to_copy", "default"), ("copy_", "default"), ("_foreach_copy", "default"),
@@ -132,6 +129,18 @@ def _scalar_on_gpu(x):
     return x
 
 
+_PUTS = frozenset(op for op in _MIXED_OK if op.__name__.split(".")[0].lstrip("_").startswith(("index_put", "unsafe_index_put")))
+
+
+def _cpu_values(func, args) -> bool:
+    """Whether an index_put puts CPU values (other than a 0-dim scalar) into a GPU tensor."""
+    if func not in _PUTS or len(args) < 3:
+        return False
+    self, values = args[0], args[2]
+    return (isinstance(self, torch.Tensor) and self.device.type == "meta" and isinstance(values, torch.Tensor)
+            and values.device.type == "cpu" and values.dim() > 0)
+
+
 class _CudaRules(TorchDispatchMode):
     """CUDA's device rules on every op (see the module's doc): an op whose tensors are on the
     GPU (meta) and on the CPU (other than 0-dim scalars) raises, as on a GPU; 0-dim CPU
@@ -143,6 +152,9 @@ class _CudaRules(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _cpu_values(func, args):
+            raise DeviceMismatchError(f"Expected all tensors to be on the same device: indices or values "
+                                      f"on cpu for a tensor on cuda:0 (in {func})")
         if func not in _MIXED_OK:
             gpu = cpu = scalars = False
             for x in (*args, *kwargs.values()):
@@ -166,16 +178,26 @@ class _CudaRules(TorchDispatchMode):
 
 def move_module(module: torch.nn.Module, device: str, dtype: torch.dtype) -> None:
     """`module.to(device=device, dtype=dtype)` done parameter by parameter (not with the
-    student's own `to` or `_apply`): each parameter and buffer is replaced by its moved copy
-    (floating ones cast to `dtype`), laid out as `.to("cuda")` lays it out."""
+    student's own `to` or `_apply`): each parameter and buffer takes its moved copy's place
+    (floating ones cast to `dtype`), laid out as `.to("cuda")` lays it out. As on a GPU, the
+    objects stay the same (`torch.utils.swap_tensors`: a list of the module's parameters, tied
+    weights), else, where they cannot be swapped, each is replaced by its copy."""
     for sub in module.modules():
-        for key, p in sub._parameters.items():
-            if p is not None:
-                moved = _move(p.detach(), device, dtype if p.is_floating_point() else None)
-                sub._parameters[key] = torch.nn.Parameter(moved, requires_grad=p.requires_grad)
-        for key, b in sub._buffers.items():
-            if b is not None:
-                sub._buffers[key] = _move(b, device, dtype if b.is_floating_point() else None)
+        for table, make in ((sub._parameters, _as_parameter), (sub._buffers, lambda t, old: t)):
+            for key, t in table.items():
+                if t is None:
+                    continue
+                moved = make(_move(t.detach(), device, dtype if t.is_floating_point() else None), t)
+                if moved.device == t.device and moved.dtype == t.dtype:
+                    continue  # (moved already: a tied weight met again)
+                try:
+                    torch.utils.swap_tensors(t, moved)
+                except Exception:
+                    table[key] = moved
+
+
+def _as_parameter(t: torch.Tensor, old: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(t, requires_grad=old.requires_grad)
 
 
 class _DeviceMoves(TorchFunctionMode):
@@ -220,51 +242,11 @@ def _torch_only(types, args, kwargs) -> bool:
     return True
 
 
-_KERNEL_MODULES = ("torch._refs", "torch._prims", "torch._decomp", "torch._meta_registrations")
-
-
-def skip_dynamo_import() -> int:
-    """Spare the process torch._dynamo's import (0.7 s of CPU, in every sandbox and grader).
-
-    The meta device's Python kernels (torch's references, e.g. of `where` and `add`) are wrapped
-    by `torch._disable_dynamo`, which imports torch._dynamo on a function's first call only to
-    make its "not to be compiled" twin, `fn.__dynamo_disable`. Nothing here compiles, so each
-    of those kernels (`_KERNEL_MODULES`) is given itself as that twin in advance (a scan of the
-    process's functions: 0.04 s). Where torch's internals differ (another version), nothing is
-    marked and the import happens as before: slower, not wrong. Returns how many were marked."""
-    import gc
-    import types
-
-    try:
-        import torch._compile
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401 (the meta device imports it, and
-        # with it kernels of its own: marked here too)
-
-        inner = torch._compile._disable_dynamo(lambda: None).__code__
-        slot = inner.co_freevars.index("fn")  # (the function the wrapper calls, as it reads it)
-    except (ImportError, AttributeError, ValueError):
-        return 0
-    marked = 0
-    for wrapper in gc.get_objects():
-        if type(wrapper) is types.FunctionType and wrapper.__code__ is inner:
-            kernel = wrapper.__closure__[slot].cell_contents
-            if getattr(kernel, "__module__", "").startswith(_KERNEL_MODULES) \
-                    and "__dynamo_disable" not in getattr(kernel, "__dict__", {"__dynamo_disable": 0}):
-                kernel.__dynamo_disable = kernel
-                marked += 1
-    return marked
-
-
 class FakeCuda:
     """Run the block as if on a GPU (see the module's doc): tensors the code puts on "cuda"
     are on the meta device, under CUDA's device rules."""
 
-    marked = False  # skip_dynamo_import done in this process
-
     def __enter__(self):
-        if not FakeCuda.marked:
-            skip_dynamo_import()
-            FakeCuda.marked = True
         self.rules = _CudaRules()
         self.moves = _DeviceMoves()
         # No autograd graph: gradients have no values to compare here.

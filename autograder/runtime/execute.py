@@ -124,11 +124,14 @@ class _Largest(TorchDispatchMode):
 
 
 def _avoid_dynamo_import() -> None:
-    """While a TorchFunctionMode is active, some ops (torch.isfinite, ...) run through Python
-    references wrapped in torch._compile._disable_dynamo, whose first call imports torch._dynamo:
-    2-3 s, which would make the first self-check of a kernel (and every grading child) slow.
-    Nothing here is being compiled, so mark those wrapped functions as already "disabled"
-    (their own function), as the wrapper itself would cache it after the import."""
+    """While a TorchFunctionMode is active, and on the meta device (the device check), some ops
+    (torch.isfinite, `x * 2`, ...) run through Python references wrapped in
+    torch._compile._disable_dynamo, whose first call imports torch._dynamo: 0.7-3 s, which would
+    make the first self-check of a kernel (and every grading child) slow. Nothing here is being
+    compiled, so mark those wrapped functions as already "disabled" (their own function), as
+    the wrapper itself would cache it after the import. (A scan of the garbage collector's
+    objects: it runs where execute is imported, before the warm worker's first fork freezes
+    them out of the collector's view.)"""
     import gc
     import sys
 
@@ -199,7 +202,7 @@ DEVICE_PLACEHOLDER = "$device"  # a Call argument replaced by the call's device 
 
 def _place(x: Any, device: str, dtype: torch.dtype, fake: bool = False) -> Any:
     if isinstance(x, str) and x == DEVICE_PLACEHOLDER:
-        return device
+        return "cuda" if fake else device  # (the device check: the code is told it runs on CUDA)
     if isinstance(x, torch.Tensor) and fake:  # (no values on the device check: an empty tensor is as good
         # as a copy, and costs no conversion of the real one)
         return torch.empty(x.shape, device=device, dtype=dtype if x.is_floating_point() else x.dtype)

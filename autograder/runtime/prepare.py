@@ -15,7 +15,7 @@ import sys
 # what notebooks and their graded code import. Sympy (torch's symbolic shapes) is imported
 # before any fork: torch.broadcast_shapes and the meta device import it, and inside the memory
 # case's cap it would take 34 MB of the student's headroom. Not torch._dynamo (0.7 s): the
-# device check does without it (device_check.skip_dynamo_import); only a late drop imports it,
+# device check does without it (execute._avoid_dynamo_import); only a late drop imports it,
 # for code that compiles.
 LATE_DROP_IMPORTS = ("torch._dynamo",)
 PREIMPORT = ("resource", "ctypes", "torch", "torch.nn", "torch.nn.functional", "torch.utils._device",

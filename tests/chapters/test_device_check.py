@@ -76,6 +76,29 @@ def causal_mask(seq_len, device=None, _ref=causal_mask):
 """
 
 
+# Right code that runs on a GPU, written as students write it: none may lose the device row.
+IS_CUDA_BRANCH = """
+def causal_mask(seq_len, device=None):
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    return torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool, device="cuda" if on_gpu else "cpu"))
+"""
+
+CPU_CHECK_OF_VALUES = """
+def causal_mask(seq_len, device=None, _ref=causal_mask):
+    m = _ref(seq_len, device)
+    assert torch.equal(m, m.tril()) and bool(m.cpu().diagonal().all())
+    return m
+"""
+
+PARAMETER_LIST = """
+class SelfAttention(SelfAttention):
+    def forward(self, x, mask=None):
+        params = [self.W_q.weight, self.W_k.weight, self.W_v.weight]  # the module's own objects
+        q, k, v = (x @ w.t() for w in params)
+        return scaled_dot_product_attention(q, k, v, mask)
+"""
+
+
 def _device_row(chapter: str, src: str, exercise: str):
     e = grade_in(chapter, namespace_of(chapter, src))[exercise]
     return e["cpu"], e[FAKE_CUDA], e
@@ -106,10 +129,12 @@ def test_the_meta_device_let_cpu_positions_through():
     assert any(e and "DeviceMismatch" in e["type"] for e in on_fake)
 
 
-@pytest.mark.parametrize("src", [ZERO_DIM_SCALE, MOVES, VALUE_DEPENDENT])
+@pytest.mark.parametrize("src", [ZERO_DIM_SCALE, MOVES, VALUE_DEPENDENT, IS_CUDA_BRANCH, CPU_CHECK_OF_VALUES,
+                                 PARAMETER_LIST])
 def test_right_code_keeps_the_device_row(src):
     chapter = "05_masks" if "causal_mask" in src else "02_scaled_dot_product_attention"
-    exercise = "causal_mask" if "causal_mask" in src else "scaled_dot_product_attention"
+    exercise = "causal_mask" if "causal_mask" in src else \
+        "SelfAttention" if "class SelfAttention" in src else "scaled_dot_product_attention"
     cpu, device, e = _device_row(chapter, src, exercise)
     assert cpu[0] == cpu[1] and device[0] == device[1], e["tests"]
 
@@ -142,12 +167,16 @@ def test_the_check_keeps_cudas_rules():
                         lambda: x.index_select(0, torch.tensor([0, 1]))):
             with pytest.raises(DeviceMismatchError, match="same device"):
                 mistake()
-        on_cpu = x.cpu()
-        assert on_cpu.device.type == "cpu" and on_cpu.cuda().device.type == "meta"
         with pytest.raises(DeviceMismatchError):
-            x + on_cpu
+            x.clone()[torch.tensor([0, 1])] = torch.ones(2, 4)  # CPU values into a GPU tensor
+        for needs_values in (lambda: x.cpu(), lambda: torch.equal(x, x), lambda: x.sum().item()):
+            with pytest.raises(Exception) as e:  # (no values: what needs them is not checked)
+                needs_values()
+            assert needs_meta({"type": type(e.value).__name__, "message": str(e.value)})
         assert torch.zeros(2, device=torch.device("cuda", 0)).device.type == "meta"
         assert x.new_zeros(2, device="cuda").device.type == "meta"
+        assert x.is_cuda and not torch.ones(2).is_cuda
+        assert x.t().to(memory_format=torch.contiguous_format).view(12).shape == (12,)
     assert torch.ones(4).device.type == "cpu"  # (nothing stays on after the block)
     assert torch.ones(3, 4) * torch.ones(4) is not None
 
@@ -170,7 +199,8 @@ def test_every_case_of_a_code_path_takes_its_representatives_verdict():
 
 def test_the_device_check_runs_without_importing_torch_dynamo():
     """torch._dynamo's import (0.7 s of CPU) was most of a sandbox's start after torch: the
-    device check marks the meta device's kernels instead (device_check.skip_dynamo_import).
+    chapters' runtime marks torch's references instead (execute._avoid_dynamo_import, which
+    `import_runtime` brings in before the warm worker forks and freezes its heap).
     Every reference solution's device-check calls, and arithmetic with Python numbers as
     students write it, in a fresh process set up as a chapter's is."""
     import subprocess
