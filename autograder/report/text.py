@@ -17,7 +17,8 @@ META_NOTE = ("fake-cuda: the device check: your code run as if on a GPU where no
              "CUDA's device rules), to catch tensors created on a fixed device, such as a CPU tensor "
              "meeting a CUDA one; it runs one case of each code path (no mask, a boolean mask, a float "
              "mask, ...) and gives its result to the others; code whose control flow needs values "
-             "(`.item()`, `if t.any():`) is credited unchecked, and the case says so. It carries 20% of each exercise's points (a written answer is not run there), "
+             "(`.item()`, `if t.any():`) is credited unchecked, and the case says so. It carries 20% of "
+             "each exercise's points (a written answer is not run there), "
              "credited only for cases correct on the CPU.")
 
 

@@ -52,7 +52,7 @@ def reported_device(t: torch.Tensor, call_device: str) -> str:
     return "cuda" if kind == "meta" and call_device == FAKE_CUDA else kind
 
 
-def needs_meta(error: dict | None) -> bool:
+def needs_values(error: dict | None) -> bool:
     """Whether a device-check run failed for want of values (a reason of the check's own),
     not for a mistake. A device mismatch is never one: it is what the check is for."""
     if not error or "DeviceMismatch" in error.get("type", ""):
@@ -68,7 +68,7 @@ UNCHECKED_NOTE = ("not checked: the code's control flow depends on tensor values
 def unchecked(outcome) -> bool:
     """Whether a device-check run could not run for want of values: such a case is credited
     with UNCHECKED_NOTE (value-dependent code is no mistake, and runs on a real GPU)."""
-    return bool(outcome.device_note) and needs_meta(outcome.error)
+    return bool(outcome.device_note) and needs_values(outcome.error)
 
 
 def _gpu(device):
@@ -109,15 +109,23 @@ _MOVES = {
     torch.Tensor.is_cuda.__get__: lambda self: self.device.type in ("cuda", "meta"),
 }
 
-# Ops that take tensors of several devices on a GPU: copies, and indexing with CPU indices
-# (`_PUTS`: whose values, other than a 0-dim scalar, must be on the GPU, as on CUDA).
-_MIXED_OK = frozenset(
-    getattr(getattr(torch.ops.aten, name), overload)
-    for name, overload in (("_to_copy", "default"), ("copy_", "default"), ("_foreach_copy", "default"),
-                           ("lift_fresh", "default"), ("lift_fresh_copy", "default"), ("index", "Tensor"),
-                           ("index_put", "default"), ("index_put_", "default"), ("_index_put_impl_", "default"),
-                           ("_unsafe_index", "Tensor"), ("_unsafe_index_put", "default"))
-    if hasattr(getattr(torch.ops.aten, name, None), overload))  # (the ops this torch has)
+def _aten_ops(*names: str) -> frozenset:
+    """The aten overloads named "op.overload" that this torch has (another version may lack one)."""
+    ops = []
+    for name in names:
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is not None:
+            ops.append(op)
+    return frozenset(ops)
+
+
+# Ops that take tensors of several devices on a GPU: copies, and indexing with CPU indices;
+# of these, `_PUTS` take values too, which (other than a 0-dim scalar) must be on the GPU.
+_PUTS = _aten_ops("index_put.default", "index_put_.default", "_index_put_impl_.default",
+                  "_unsafe_index_put.default")
+_MIXED_OK = _PUTS | _aten_ops("_to_copy.default", "copy_.default", "_foreach_copy.default", "lift_fresh.default",
+                              "lift_fresh_copy.default", "index.Tensor", "_unsafe_index.Tensor")
 
 
 def _scalar_on_gpu(x):
@@ -127,9 +135,6 @@ def _scalar_on_gpu(x):
     if isinstance(x, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in x):
         return type(x)(_scalar_on_gpu(v) for v in x)
     return x
-
-
-_PUTS = frozenset(op for op in _MIXED_OK if op.__name__.split(".")[0].lstrip("_").startswith(("index_put", "unsafe_index_put")))
 
 
 def _cpu_values(func, args) -> bool:

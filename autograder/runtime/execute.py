@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..shared.calls import Call, ErrorKind, Outcome
 from ..shared.contract import ATTENTION_FUNCTIONS, ATTENTION_OPS, CHAPTERS, SOFTMAX_FUNCTIONS, SOFTMAX_OPS
-from .device_check import FAKE_CUDA, FakeCuda, move_module, needs_meta, reported_device, torch_device
+from .device_check import FAKE_CUDA, FakeCuda, move_module, needs_values, reported_device, torch_device
 
 WATCHED_OPS = ATTENTION_OPS | SOFTMAX_OPS
 WATCHED_FUNCTIONS = ATTENTION_FUNCTIONS | SOFTMAX_FUNCTIONS
@@ -286,7 +286,7 @@ def execute(namespace: dict, call: Call, reraise: tuple = (), trusted: bool = Fa
         return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
     with TorchState(), _CallRecorder(_prerequisites(namespace, call)) as calls:
         out = _execute(target, call, reraise, trusted)
-        if call.device == FAKE_CUDA and needs_meta(out.error):  # (the device check has no values)
+        if call.device == FAKE_CUDA and needs_values(out.error):  # (the device check has no values)
             out.device_note = f"{out.error['type']}: {out.error['message'][:160]}"
     out.called = sorted(calls.called)
     return out

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.shared.contract import CHAPTERS
-from autograder.runtime.device_check import FAKE_CUDA, DeviceMismatchError, FakeCuda, needs_meta
+from autograder.runtime.device_check import FAKE_CUDA, DeviceMismatchError, FakeCuda, needs_values
 from autograder.references.cache import REFERENCES
 from autograder.grading.variants import code_path, device_check_groups, variants
 from autograder.cases.inputs import grading_seed
@@ -146,10 +146,10 @@ def test_a_value_dependent_op_is_credited_and_says_it_was_not_checked():
     assert any(c.note.startswith("not checked") and "values" in c.note for c in cases)
 
 
-def test_a_device_mismatch_is_never_sent_to_the_meta_device():
-    assert not needs_meta({"type": "FakeTensorDeviceMismatchError", "message": "data-dependent"})
-    assert needs_meta({"type": "DataDependentOutputException", "message": "aten._local_scalar_dense"})
-    assert not needs_meta({"type": "ValueError", "message": "num_heads must be a power of two"})
+def test_a_device_mismatch_is_never_taken_for_a_want_of_values():
+    assert not needs_values({"type": "FakeTensorDeviceMismatchError", "message": "data-dependent"})
+    assert needs_values({"type": "DataDependentOutputException", "message": "aten._local_scalar_dense"})
+    assert not needs_values({"type": "ValueError", "message": "num_heads must be a power of two"})
 
 
 def test_the_check_keeps_cudas_rules():
@@ -169,10 +169,10 @@ def test_the_check_keeps_cudas_rules():
                 mistake()
         with pytest.raises(DeviceMismatchError):
             x.clone()[torch.tensor([0, 1])] = torch.ones(2, 4)  # CPU values into a GPU tensor
-        for needs_values in (lambda: x.cpu(), lambda: torch.equal(x, x), lambda: x.sum().item()):
+        for without_values in (lambda: x.cpu(), lambda: torch.equal(x, x), lambda: x.sum().item()):
             with pytest.raises(Exception) as e:  # (no values: what needs them is not checked)
-                needs_values()
-            assert needs_meta({"type": type(e.value).__name__, "message": str(e.value)})
+                without_values()
+            assert needs_values({"type": type(e.value).__name__, "message": str(e.value)})
         assert torch.zeros(2, device=torch.device("cuda", 0)).device.type == "meta"
         assert x.new_zeros(2, device="cuda").device.type == "meta"
         assert x.is_cuda and not torch.ones(2).is_cuda
