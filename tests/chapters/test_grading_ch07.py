@@ -195,7 +195,10 @@ def test_the_whole_score_matrix_fails_only_the_memory_cases_and_says_why():
 
 def test_the_memory_case_runs_on_the_cpu_only():
     """The meta device holds no memory to cap: running the 2^26-score case there checked
-    nothing the small cases do not, and cost a third of a second of meta kernels a student."""
+    nothing the small cases do not, and cost a third of a second of meta kernels a student.
+    Nor does CUDA run it: its child is capped with no GPU visible, and on a real GPU (H100,
+    stop 37) the reference's CUDA memory case failed there ("Error 2: out of memory" from
+    cudaGetDeviceCount), 158.89/159."""
     from autograder.grading.variants import variants
     cases = REFERENCES.cases(CH, "online_softmax_attention", GRADER.seed, False)
     capped = {i for i, c in enumerate(cases) if c.capped_memory}
@@ -203,6 +206,8 @@ def test_the_memory_case_runs_on_the_cpu_only():
     assert capped <= {i for i, _ in variants(cases, "cpu")}
     meta = {i for i, _ in variants(cases, "fake-cuda")}
     assert not capped & meta and meta  # the other cases keep their meta run
+    cuda = {i for i, _ in variants(cases, "cuda")}
+    assert not capped & cuda and cuda
 
 
 def test_the_reference_stays_within_the_memory_limit_that_a_full_matrix_exceeds():
