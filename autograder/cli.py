@@ -278,7 +278,7 @@ def _grade_or_batch(args, settings) -> int:
 
     from .references.cache import REFERENCES
     from .references.store import persisted
-    with persisted(REFERENCES, grader.seed, grader.quick):
+    with persisted(REFERENCES, grader.seed, grader.quick, cuda="cuda" in grader.devices):
         return _run(args, grader, sandboxes, REFERENCES)
 
 

@@ -184,7 +184,7 @@ def run(root, chapters: list[str] | None = None, hide_answers: bool = False, set
             skipped = copy_without_links(root / "submission", Path(tmp) / "raw")
             placed, unplaced = place_submission(Path(tmp) / "raw", Path(tmp) / "submission",
                                                 settings.max_student_zip_bytes)
-            with persisted(REFERENCES, grader.seed, grader.quick):
+            with persisted(REFERENCES, grader.seed, grader.quick, cuda="cuda" in grader.devices):
                 result = grader.grade_path(Path(tmp) / "submission", chapters=chapters or list(CHAPTERS))
         result.path = "submission"
         result.notes = skipped + _placing_notes(placed, unplaced) + [

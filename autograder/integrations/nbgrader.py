@@ -140,7 +140,7 @@ class SandboxedGrades(NbGraderPreprocessor):
             for other_id, other in self._siblings(chapter, resources):
                 nbformat.write(other, folder / f"{other_id}.ipynb")
             _, todo = grader.plan(folder)
-            with persisted(REFERENCES, grader.seed, grader.quick):
+            with persisted(REFERENCES, grader.seed, grader.quick, cuda="cuda" in grader.devices):
                 chapters = grade_student(grader, todo)  # (batch's own: its zygote, the student's budget)
         return {ch.chapter: ch for ch in chapters}
 

@@ -104,17 +104,22 @@ class ReferenceCache:
                             return
                         self.expected(c, reference_key(chapter_id, ex.name, seed, quick, index, c))
 
-    def export(self, seed: int | None = None, quick: bool | None = None, cuda: bool = False) -> dict:
+    def export(self, seed: int | None = None, quick: bool | None = None, cuda: bool = False,
+               only_cuda: bool = False) -> dict:
         """The cases and CPU/meta outcomes (of one seed and quick setting, or all), as plain
-        data for `wire`. CUDA outcomes stay out (they belong to one machine's device) unless
-        `cuda` (for worker processes on this machine)."""
+        data for `wire`. CUDA outcomes stay out (they belong to one machine's GPU) unless
+        `cuda` (for worker processes on this machine); `only_cuda`: those alone, without the
+        cases (the store of one GPU, `references.store.cuda_tag`)."""
         def wanted(s, q):
             return (seed is None or s == seed) and (quick is None or q == quick)
+
+        def device_wanted(k):
+            return k[-2] == "cuda" if only_cuda else cuda or k[-2] != "cuda"
         with self._lock:
-            cases = [[list(k), [c.to_plain() for c in calls]] for k, calls in self._cases.items()
-                     if wanted(k[2], k[3])]
+            cases = [] if only_cuda else [[list(k), [c.to_plain() for c in calls]]
+                                          for k, calls in self._cases.items() if wanted(k[2], k[3])]
             outcomes = [[list(k), o.to_plain()] for k, o in self._outcomes.items()
-                        if (cuda or k[-2] != "cuda") and wanted(k[2], k[3])]
+                        if device_wanted(k) and wanted(k[2], k[3])]
         return {"cases": cases, "outcomes": outcomes}
 
     def merge(self, plain: dict) -> int:
@@ -153,11 +158,12 @@ class ReferenceCache:
         with self._lock:
             return len(self._outcomes)
 
-    def held(self) -> int:
+    def held(self, cuda: bool | None = None) -> int:
         """How much there is to store: outcomes, and the float32 runs attached to them (so that
-        one added by with_float32 counts as new)."""
+        one added by with_float32 counts as new); of CUDA alone, of the others, or (None) all."""
         with self._lock:
-            return len(self._outcomes) + sum(o.at_float32 is not None for o in self._outcomes.values())
+            mine = [o for k, o in self._outcomes.items() if cuda is None or (k[-2] == "cuda") == cuda]
+            return len(mine) + sum(o.at_float32 is not None for o in mine)
 
     def snapshot(self, cuda: bool = False) -> bytes:
         """Everything `export` gives, as one `wire` frame for worker processes of this grader."""

@@ -8,6 +8,10 @@ the same grader, solutions, torch and seed. So the command line keeps them in on
 autograder's source, the solution notebooks and torch's version. Any change to those makes a
 new file; the old ones are removed when the new one is written.
 
+CUDA outcomes are kept apart, in a file per GPU (`cuda_tag`: the device, torch, CUDA and cuDNN
+that computed them; another GPU or library rounds half precision its own way), so that a warm
+`--device cuda` run does not compute them all again before the student's code runs.
+
 The file is a `wire` frame (JSON and raw tensor bytes: loading it cannot execute code). Anything
 wrong with it (missing, unreadable, corrupt, from another version) only means the outcomes are
 computed again. Where (`settings.Settings.cache`): $AUTOGRADER_CACHE_DIR, else
@@ -48,12 +52,31 @@ def digest() -> str:
     return h.hexdigest()[:24]
 
 
-class ReferenceStore:
-    """The file of one (seed, quick) for the current digest."""
+def cuda_tag() -> str | None:
+    """Which GPU, and which torch, CUDA and cuDNN compute on it (a digest), or None without one.
+    (Asking starts CUDA in this process: the grader's own, which runs the CUDA references.)"""
+    import torch
 
-    def __init__(self, seed: int, quick: bool, folder: Path | None = None):
+    try:
+        if not torch.cuda.is_available():
+            return None
+        p = torch.cuda.get_device_properties(0)
+        ident = (f"{p.name} sm{p.major}{p.minor} {p.total_memory} torch {torch.__version__} "
+                 f"cuda {torch.version.cuda} cudnn {torch.backends.cudnn.version()}")
+    except Exception:  # a GPU that cannot be asked: its outcomes are not kept
+        return None
+    return hashlib.sha256(ident.encode()).hexdigest()[:12]
+
+
+class ReferenceStore:
+    """The file of one (seed, quick) for the current digest; with `gpu` (a `cuda_tag`), the
+    file of that GPU's CUDA outcomes."""
+
+    def __init__(self, seed: int, quick: bool, folder: Path | None = None, gpu: str | None = None):
         self.folder = folder if folder is not None else cache_dir()
-        self.prefix = f"references-s{seed}-{'quick' if quick else 'full'}-"
+        self.gpu = gpu
+        kind = f"references-cuda-{gpu}" if gpu else "references"
+        self.prefix = f"{kind}-s{seed}-{'quick' if quick else 'full'}-"
         self.path = self.folder / f"{self.prefix}{digest()}.agw" if self.folder else None
 
     def load(self) -> dict | None:
@@ -100,16 +123,21 @@ class ReferenceStore:
 
 
 @contextlib.contextmanager
-def persisted(references, seed: int, quick: bool):
+def persisted(references, seed: int, quick: bool, cuda: bool = False):
     """Load the stored outcomes into `references` (a `grading.ReferenceCache`) for the block;
-    afterwards store what it holds if the block computed any. Yields the store."""
+    afterwards store what it holds if the block computed any. With `cuda` (a grader with CUDA
+    rows), this GPU's CUDA outcomes too. Yields the store of the CPU's."""
     store = ReferenceStore(seed, quick)
-    data = store.load()
-    if data is not None:
-        references.merge(data)
-    before = references.held()
+    tag = cuda_tag() if cuda and store.folder is not None else None
+    stores = {False: store, True: ReferenceStore(seed, quick, gpu=tag)} if tag else {False: store}
+    for each in stores.values():
+        data = each.load()
+        if data is not None:
+            references.merge(data)
+    before = {is_cuda: references.held(cuda=is_cuda) for is_cuda in stores}
     try:
         yield store
     finally:
-        if references.held() > before:
-            store.save(references.export(seed, quick))
+        for is_cuda, each in stores.items():
+            if references.held(cuda=is_cuda) > before[is_cuda]:
+                each.save(references.export(seed, quick, only_cuda=is_cuda))

@@ -133,3 +133,48 @@ def test_the_command_line_stores_and_reuses_outcomes(tmp_path):
     assert strip(second.stdout) == strip(first.stdout)
     assert "13 / 13" in first.stdout
     assert files[0].stat().st_mtime_ns == stamp, "nothing new to store"
+
+
+def _with_cuda_outcomes(refs: ReferenceCache) -> int:
+    """Stand-ins for CUDA outcomes (no GPU here): the CPU's, under CUDA's keys."""
+    cuda = {(*k[:-2], "cuda", k[-1]): o for k, o in refs._outcomes.items() if k[-2] == "cpu"}
+    refs._outcomes.update(cuda)
+    return len(cuda)
+
+
+def test_cuda_outcomes_are_kept_per_gpu_and_out_of_the_cpu_file(tmp_path, monkeypatch):
+    """On a GPU, `grade --device cuda` computed every CUDA reference outcome again on each run
+    (H100, stop 37: the warm run 1.84x the CPU's): they are now kept too, in a file of that
+    GPU's (another GPU, or another torch, reads none of them and removes none)."""
+    monkeypatch.setenv("AUTOGRADER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(reference_store, "cuda_tag", lambda: "gpuA")
+    refs = ReferenceCache()
+    with persisted(refs, 7, True, cuda=True):
+        refs.warm([CHAPTER], ["cpu"], 7, True)
+        n = _with_cuda_outcomes(refs)
+    assert n > 0
+    cpu_file, = tmp_path.glob("references-s7-*.agw")
+    gpu_file, = tmp_path.glob("references-cuda-gpuA-s7-*.agw")
+    from autograder.shared import wire
+    assert all(k[-2] != "cuda" for k, _ in wire.load(cpu_file)["outcomes"])
+    assert [k[-2] for k, _ in wire.load(gpu_file)["outcomes"]] == ["cuda"] * n
+
+    stamp = gpu_file.stat().st_mtime_ns
+    again = ReferenceCache()
+    with persisted(again, 7, True, cuda=True):
+        assert again.held(cuda=True) == n and again.held(cuda=False) == refs.held(cuda=False)
+    assert gpu_file.stat().st_mtime_ns == stamp, "nothing new to store"
+
+    monkeypatch.setattr(reference_store, "cuda_tag", lambda: "gpuB")
+    other = ReferenceCache()
+    with persisted(other, 7, True, cuda=True):
+        assert other.held(cuda=True) == 0 and other.held(cuda=False) > 0
+        _with_cuda_outcomes(other)
+    assert gpu_file.exists() and len(list(tmp_path.glob("references-cuda-gpuB-s7-*.agw"))) == 1
+
+    asked = []
+    monkeypatch.setattr(reference_store, "cuda_tag", lambda: asked.append(1) or "gpuA")
+    cpu_only = ReferenceCache()
+    with persisted(cpu_only, 7, True):
+        assert cpu_only.held(cuda=True) == 0
+    assert not asked, "a grader without CUDA rows does not start CUDA to name the GPU"
