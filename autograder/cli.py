@@ -283,7 +283,7 @@ def _grade_or_batch(args, settings) -> int:
 
 
 def _prestarted_sandboxes(args, sandbox, settings):
-    """The student's warm sandboxes (None unless bubblewrap), started now: their torch imports
+    """The student's warm sandboxes (None in the fallback mode), started now: their torch imports
     overlap this process's. This command owns them and closes them after grading."""
     import atexit
     import os

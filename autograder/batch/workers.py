@@ -20,7 +20,7 @@ from ..grading.grader import Grader
 from ..report import class_report
 from ..grading.results import ChapterResult, SubmissionResult
 from ..sandbox.modes import SandboxMode, resolve_sandbox
-from ..sandbox.pool import SandboxPool, student_pool
+from ..sandbox.pool import SandboxPool, pooled, student_pool
 from ..report.untrusted_text import capped
 
 
@@ -83,9 +83,9 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     chapter's child is forked fresh)."""
     global _SPARES
     pool = None  # the student's sandboxes: this function owns them, and closes them below
-    if any(nb is not None for _, nb in todo) and \
-            (sandbox := resolve_sandbox(grader.sandbox)).mode == SandboxMode.BUBBLEWRAP:
-        zygote = _zygote(grader)  # (started only where the student's pool will fork from it)
+    if any(nb is not None for _, nb in todo) and pooled((sandbox := resolve_sandbox(grader.sandbox)).mode):
+        # (started only where the student's pool will fork from it: bubblewrap, not containers)
+        zygote = _zygote(grader) if sandbox.mode == SandboxMode.BUBBLEWRAP else None
         pool = student_pool(sandbox, grader.limits, zygote=zygote)
         # A spare sandbox started during the previous student: only without root, where every
         # student runs as the grader's own uid (as root each student has a uid of their own).

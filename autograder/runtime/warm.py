@@ -187,11 +187,14 @@ def _chapter_child(fds: list, config: dict, message, start: float) -> None:
 
 
 def _kill_all_but_me() -> None:
-    """Every process of the sandbox but this one and its init (PID 1). Only in a PID namespace
-    of its own (the warm worker is PID 2 there under bubblewrap's init, or PID 1 itself when
-    the zygote started it), never outside one."""
+    """Every process of the sandbox but this one and its init (PID 1), in a PID namespace of its
+    own (the warm worker is PID 2 there under bubblewrap's init, or PID 1 itself when the
+    zygote started it). Outside one (the container mode), everything below this process: it
+    and each chapter are child subreapers, so whatever a chapter started stays below them."""
     me = os.getpid()
     if me not in (1, 2):
+        for pid in procs.children_of(me):
+            procs.kill_tree(pid)
         return
     for _ in range(3):
         others = [pid for pid in procs.proc_table() if pid not in (1, me)]

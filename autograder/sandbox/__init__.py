@@ -9,7 +9,8 @@ Three modes (`modes.py`; AUTOGRADER_SANDBOX=auto|bubblewrap|container|none):
   uid of the student's own (`uids.py`); batch grading forks each student's sandbox from a
   zygote that has imported torch once (`warm.py`).
 - container: as root where namespaces cannot be made (Docker, Gradescope): a uid of the
-  student's own, the grader's secrets made unreadable to it, and everything of that uid removed
+  student's own, the grader's secrets made unreadable to it, a warm worker of that uid that
+  imports torch once and forks each chapter (`warm.py`), and everything of that uid removed
   afterwards (`uid_cleanup.py`).
 - fallback: a plain child process with the same limits, for a student's laptop; the report
   says the code could read what the grader's user can.

@@ -28,12 +28,15 @@ class SandboxPool:
     each gets to redo what it was doing once (see `died_shared`), and from then on this
     student's chapters get a sandbox each: a chapter that kills its sandbox again is alone
     there, and that costs it alone. `prestart` starts a sandbox early, so its imports overlap
-    the grader's own. With a `zygote` (batch grading), sandboxes are forked from it instead."""
+    the grader's own. With a `zygote` (batch grading), sandboxes are forked from it instead.
+    In the container mode a sandbox is a warm worker process as the student's uid, without
+    namespaces (`WarmSandbox`); closing the pool removes that uid's files and keyrings too."""
 
     def __init__(self, limits: Limits | None = None, hide=(), size: int = 1,
-                 zygote: Zygote | None = None):
+                 zygote: Zygote | None = None, mode: SandboxMode = SandboxMode.BUBBLEWRAP):
         self.limits = limits or _settings.current().limits
-        self.zygote = zygote
+        self.mode = SandboxMode(mode)
+        self.zygote = zygote if self.mode == SandboxMode.BUBBLEWRAP else None
         self.hidden = hidden_paths(hide)
         self.size = max(1, size)
         self.sharing = self.size > 1
@@ -45,6 +48,8 @@ class SandboxPool:
         self.closed = False
         self._lease = student_uid()  # this student's own uid (as root), for all their sandboxes
         self.uid = self._lease.uid if self._lease else NOBODY
+        if self.mode == SandboxMode.CONTAINER and self._lease is not None:
+            os.chown(self._workdir, self.uid, self.uid)  # their HOME and TMPDIR (no /tmp of their own)
 
     def _new(self) -> WarmSandbox:
         box = None
@@ -54,7 +59,7 @@ class SandboxPool:
             except OSError:  # (SandboxDied) the zygote is gone: a sandbox of its own then
                 box = None
         if box is None:
-            box = WarmSandbox(self.limits, self.hidden, self._workdir, uid=self.uid)
+            box = WarmSandbox(self.limits, self.hidden, self._workdir, uid=self.uid, mode=self.mode)
         with self._cond:
             self._boxes.append(box)
         return box
@@ -135,7 +140,11 @@ class SandboxPool:
             box.kill()
         shutil.rmtree(self._workdir, ignore_errors=True)
         if self._lease is not None:
-            procs.kill_uid(self.uid)  # (nothing should be left: the namespaces are gone)
+            procs.kill_uid(self.uid)  # (bubblewrap: nothing should be left, the namespaces are gone)
+            if self.mode == SandboxMode.CONTAINER:
+                from .uid_cleanup import clean_up
+
+                clean_up(self.uid)  # its files in the machine's /tmp, /var/tmp, /dev/shm; its keyrings
             self._lease.release()
             self._lease = None
 
@@ -149,11 +158,17 @@ class SandboxPool:
 
 def student_pool(sandbox: SandboxChoice, limits: Limits | None = None, hide=(), size: int = 1,
                  zygote: Zygote | None = None) -> SandboxPool | None:
-    """One student's warm sandboxes where `sandbox` is bubblewrap, else None (the container and
-    fallback modes start each child as a process of its own). Made by whoever grades the
+    """One student's warm sandboxes where `sandbox` is bubblewrap, or the container mode as root
+    (a uid of the student's own), else None (the fallback mode starts each child as a process
+    of its own). Made by whoever grades the
     student, who closes it after their last chapter: the command line's `grade`,
     `Grader.grade_path` when it is handed none, a batch worker. A `StudentSession` is handed
     the pool and never makes one, so no sandbox outlives its student unseen."""
-    if sandbox.mode != SandboxMode.BUBBLEWRAP:
+    if not pooled(sandbox.mode):
         return None
-    return SandboxPool(limits, hide, size, zygote)
+    return SandboxPool(limits, hide, size, zygote, sandbox.mode)
+
+
+def pooled(mode: SandboxMode) -> bool:
+    """Whether this mode's children are forked from a student's warm worker (a `SandboxPool`)."""
+    return mode == SandboxMode.BUBBLEWRAP or (mode == SandboxMode.CONTAINER and os.geteuid() == 0)

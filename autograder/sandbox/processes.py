@@ -1,6 +1,6 @@
-"""One chapter's child process in the container or the fallback mode, launched with its three
-pipes, and killed with everything it started. (bubblewrap's children are forked from a warm
-sandbox: `warm.py`.)"""
+"""One chapter's child process in the fallback mode (and the container mode's, where a session
+is given no pool), launched with its three pipes, and killed with everything it started.
+(bubblewrap's and the container mode's children are forked from a warm sandbox: `warm.py`.)"""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""After a student's uid is done (the container mode, `sandbox.Child`): nothing of theirs stays.
+"""After a student's uid is done (the container mode: its `SandboxPool` or `Child`): nothing of theirs stays.
 
 Without namespaces the student's code shares the machine's /tmp, /var/tmp and /dev/shm, and the
 kernel keeps a keyring per uid. A student could leave a world-readable file there (their code, a

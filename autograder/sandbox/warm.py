@@ -53,6 +53,37 @@ class _Bwrap:
             pass
 
 
+class _Direct:
+    """A container-mode sandbox's warm worker (`poll`, `stop`): a process of its own, as the
+    student's uid (it drops to it itself, `runtime.prepare`), with no namespaces around it."""
+
+    def __init__(self, popen: subprocess.Popen, token: str, rounds: int):
+        self.popen, self.pid, self.token, self.rounds = popen, popen.pid, token, rounds
+
+    @classmethod
+    def start(cls, policy: SandboxPolicy, config: dict, sock_fd: int, out_fd: int,
+              workdir: str, rounds: int) -> "_Direct":
+        argv = python_argv(policy.runtime, "warm", [str(sock_fd), json.dumps(config)], module="runtime.warm")
+        return cls(subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,),
+            env=policy.environment(config["token"]), cwd=workdir, start_new_session=True,
+            close_fds=True), config["token"], rounds)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def stop(self, wait: float) -> None:
+        """Kill the worker, everything below it (it and each chapter are child subreapers) and
+        anything carrying its token; the pool kills whatever else of the uid is left."""
+        from .processes import kill_fallback_tree
+
+        kill_fallback_tree(self.pid, self.token, self.rounds)
+        try:
+            self.popen.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 class _Controlled:
     """A process in a sandbox that the grader drives over a control socket (`protocol`): a
     student's warm worker, or a batch worker's zygote.
@@ -216,21 +247,26 @@ class WarmSandbox(_Controlled):
     and empties /tmp before the next.
 
     The sandbox is a bubblewrap sandbox of its own, or, given a `Zygote` (batch grading as
-    root), namespaces of its own forked from the zygote, whose torch is already imported."""
+    root), namespaces of its own forked from the zygote, whose torch is already imported. In the
+    container mode (as root, no namespaces) it is the worker process alone, as the student's
+    uid, with `workdir` (the student's own) as its HOME and TMPDIR."""
 
     def __init__(self, limits: Limits, hidden: list[str], workdir: str, zygote: "Zygote | None" = None,
-                 uid: int = NOBODY):
+                 uid: int = NOBODY, mode: SandboxMode = SandboxMode.BUBBLEWRAP):
         import secrets
 
-        self.mode = SandboxMode.BUBBLEWRAP
+        self.mode = SandboxMode(mode)
         self.uid = uid  # (as root: the student's own, see `autograder.sandbox.uids`)
-        policy = sandbox_policy(SandboxMode.BUBBLEWRAP, limits, hidden, uid=uid)
+        policy = sandbox_policy(self.mode, limits, hidden, uid=uid, home=workdir)
         config = policy.child_config(secrets.token_hex(16))
         self.exits: dict[int, int] = {}
         # kept by the SandboxPool: chapters in it now, whether it is being reset
         self.users, self.resetting = 0, False
         self.died_shared = False   # it died while more than one chapter was in it
-        if zygote is not None:
+        if self.mode == SandboxMode.CONTAINER:
+            def launch(sock_fd, out_fd):
+                return _Direct.start(policy, config, sock_fd, out_fd, workdir, limits.kill_rounds)
+        elif zygote is not None:
             def launch(sock_fd, out_fd):
                 return zygote.spawn(config["token"], policy.box_config(config["token"]), sock_fd, out_fd)
         else:

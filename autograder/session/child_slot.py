@@ -1,7 +1,7 @@
 """The session's child process, one at a time: started, waited for until ready, killed.
 
-`ChildSlot` forks it from the student's warm sandbox in bubblewrap mode, or starts a new
-process in the others, and kills it with everything it started."""
+`ChildSlot` forks it from the student's warm sandbox (bubblewrap, and the container mode as
+root), or starts a new process (the fallback), and kills it with everything it started."""
 from __future__ import annotations
 
 import os
@@ -23,7 +23,7 @@ class ChildSlot:
 
     Args:
         mode: the session's `SandboxMode`.
-        sandboxes: the student's `SandboxPool` (bubblewrap mode; None in the others).
+        sandboxes: the student's `SandboxPool` (bubblewrap, container as root; else None).
         hidden: what the child must not see (`policy.hidden_paths`), for a new process.
         headroom: RLIMIT_DATA above the child's start (memory cases), or 0.
     """
@@ -31,7 +31,7 @@ class ChildSlot:
     def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int):
         self.mode, self.limits, self.pool = mode, limits, sandboxes
         self.hidden, self.headroom = hidden, headroom
-        self.box = None  # the warm sandbox the children are forked from (bubblewrap mode)
+        self.box = None  # the warm sandbox the children are forked from (with a pool)
         self.child: Child | None = None
         self.channel: Channel | None = None
         self.workdir = tempfile.mkdtemp(prefix="autograder-session-")
@@ -75,7 +75,7 @@ class ChildSlot:
         return last
 
     def _launch(self, deadline: float):
-        """A new child (bubblewrap: forked from the student's warm sandbox; else a new
+        """A new child (with a pool: forked from the student's warm sandbox; else a new
         process), or why the sandbox could not start."""
         token = secrets.token_hex(16)
         if self.pool is None:

@@ -63,8 +63,8 @@ class StudentSession:
             raises SandboxUnavailable).
         hide: more paths the student's code must not see (results files, hidden test data), in
             the container and fallback modes; under bubblewrap the pool's own (`student_pool`).
-        sandboxes: the student's `SandboxPool`, required in bubblewrap mode (ignored in the
-            others): made and closed by whoever grades the student (`sandbox.pool.student_pool`),
+        sandboxes: the student's `SandboxPool`, required in bubblewrap mode, used in the container
+            mode where given (`student_pool`), ignored in the fallback: made and closed by whoever grades the student (`sandbox.pool.student_pool`),
             shared by that student's chapters only, never made here. Its children are forked from
             a warm worker that has imported torch once, so a restart costs a fork, not an import.
         memory_capped: every child's RLIMIT_DATA is `limits.memory_case` above its start.
@@ -83,8 +83,10 @@ class StudentSession:
         if self.mode == SandboxMode.BUBBLEWRAP and sandboxes is None:
             raise ValueError("a bubblewrap session needs the student's SandboxPool, made by whoever "
                              "grades the student (sandbox.pool.student_pool)")
-        self._slot = ChildSlot(self.mode, self.limits, sandboxes if self.mode == SandboxMode.BUBBLEWRAP else None,
-                               hidden_paths(hide), self.limits.memory_case if memory_capped else 0)
+        if sandboxes is not None and sandboxes.mode != self.mode:
+            sandboxes = None  # (a container session without one starts a process per child)
+        self._slot = ChildSlot(self.mode, self.limits, sandboxes, hidden_paths(hide),
+                               self.limits.memory_case if memory_capped else 0)
         self._lock = threading.RLock()
         self._skip: set[int] = set()  # cells that hung or crashed a child: left out from then on
         self._report: NotebookRun | None = None
