@@ -6,7 +6,8 @@
 # 1. grades the solutions (every exercise must score full marks, CUDA rows included) and the
 #    stubs (0) with --device cuda, and the solutions with --device cpu, each twice (a fresh
 #    reference cache, then the warm one), and prints the CPU and CUDA timings side by side;
-# 2. runs every test that needs a real GPU (`pytest -m cuda`; elsewhere they are skipped).
+# 2. grades a batch with a GPU hog beside three honest students (`tools/gpu_hog_check.py`);
+# 3. runs every test that needs a real GPU (`pytest -m cuda`; elsewhere they are skipped).
 # Exit status 0 when all of it passed, 1 when something failed, 2 when there is no GPU.
 # On the course's GPU machine (no nbformat, no bubblewrap in its image) run `source
 # .gpu/prelude.sh` first (see /work/shared/gpu/stage.sh); the script sources it itself when
@@ -71,6 +72,10 @@ for state in cold warm; do
 done
 printf '%-34s %10s %10s\n' "stubs (grade exercises), warm" "-" "${SECONDS_OF[exercises-cuda-warm]}"
 printf '%-34s %10s %10s\n' "scores" "${TOTAL_OF[solutions-cpu-warm]#Total: }" "${TOTAL_OF[solutions-cuda-warm]#Total: }"
+
+# One student must not take the GPU from the others (issue 26's hog, on the real GPU).
+echo
+"$PY" tools/gpu_hog_check.py || failed=1
 
 # Only the files that hold CUDA tests (the others may need what a GPU image lacks, e.g. playwright).
 mapfile -t files < <(grep -l "pytest.mark.cuda" tests/*/test_*.py)

@@ -240,3 +240,15 @@ def test_the_batch_gives_each_worker_a_share_of_the_gpu():
     assert fraction(1) == 0.9 and fraction(4) == 0.225
     config = sandbox_policy("bubblewrap", Limits(gpu_share=0.225), []).child_config("t")
     assert config["cuda_fraction"] == 0.225
+
+
+def test_the_gpu_hog_check_runs_without_a_gpu():
+    """`tools/gpu_hog_check.py` (run by tools/gpu_check.sh on a GPU machine): its CPU dry run
+    grades the same three batches, and the honest students' scores are compared."""
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(repo / "tools" / "gpu_hog_check.py"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600, cwd=repo)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert sum("b_honest 18.0 (ok)" in line for line in lines) == 3, r.stdout
+    assert "a_hog" in r.stdout and lines[-1] == "gpu_hog_check: PASSED", r.stdout
