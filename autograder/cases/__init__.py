@@ -31,7 +31,8 @@ from ..selfcheck.hint_engine import (  # noqa: F401  (the engine's names, as the
 from ..selfcheck import hint_engine
 
 
-def _module(chapter: str):
+def chapter_module(chapter: str):
+    """The chapter's case module (`autograder.cases.ch<chapter>`)."""
     return importlib.import_module(f"{__name__}.ch{chapter}")
 
 

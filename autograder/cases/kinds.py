@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..grading import compare as generic
 from ..shared.calls import Call, Outcome
 from ..shared.kinds import FIND_THE_BUG, IMPLEMENT, WRITTEN_ANSWER
-from . import _module, call
+from . import chapter_module, call
 from . import other_kinds, written_answers
 
 
@@ -22,13 +22,13 @@ class Implement:
     own_hints = False
 
     def cases(self, chapter: str, exercise: str, gen, ref: dict, quick: bool) -> list[Call]:
-        return _module(chapter).cases(exercise, gen, ref, quick)
+        return chapter_module(chapter).cases(exercise, gen, ref, quick)
 
     def hints(self, chapter: str, exercise: str):
-        return _module(chapter).HINTS.get(exercise)
+        return chapter_module(chapter).HINTS.get(exercise)
 
     def compare(self, call: Call, student: Outcome, expected: Outcome, notes: list | None):
-        own = getattr(_module(call.chapter), "compare", None)
+        own = getattr(chapter_module(call.chapter), "compare", None)
         return (own or generic.compare)(call, student, expected, notes)
 
 

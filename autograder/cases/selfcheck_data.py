@@ -20,7 +20,7 @@ from ..runtime.device_check import FAKE_CUDA
 from ..runtime.execute import at_float32, execute
 from ..selfcheck import DATA
 from ..selfcheck.hint_engine import predict, prediction_to_plain
-from . import _module, _spec, build_cases
+from . import chapter_module, _spec, build_cases
 from .inputs import SELF_CHECK_SEED
 from .other_kinds import _symptom, symptoms_only
 from .written_answers import form
@@ -54,7 +54,7 @@ def _entry(ref: dict, c: Call, meta: Call | None) -> dict:
              "hints": stored_hints(c, expected)}
     if meta:
         entry["hints_meta"] = stored_hints(meta, expected)
-    probe = getattr(_module(c.chapter), "dropout_probe", lambda call: None)(c)
+    probe = getattr(chapter_module(c.chapter), "dropout_probe", lambda call: None)(c)
     if probe is not None:
         entry["probe"] = probe
     return entry

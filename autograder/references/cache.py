@@ -96,6 +96,9 @@ class ReferenceCache:
         """Compute every reference outcome the grading of these chapters will ask for (until
         `stop` is set)."""
         for chapter_id in chapter_ids:
+            # (the chapter's case module, which judging imports: here, while the student's
+            # sandbox starts, rather than in the grading threads; cached cases do not import it)
+            case_registry.chapter_module(chapter_id)
             for ex in CHAPTERS[chapter_id].exercises:
                 cases = self.cases(chapter_id, ex.name, seed, quick)
                 for device in devices:

@@ -348,11 +348,11 @@ def test_the_graders_hints_use_the_student_packages_rules():
 
     for chapter in CHAPTERS:
         for ex in CHAPTERS[chapter].exercises:
-            spec = getattr(cases._module(chapter), "HINTS", {}).get(ex.name)
+            spec = getattr(cases.chapter_module(chapter), "HINTS", {}).get(ex.name)
             if spec is not None:
                 assert spec.explain is rules.explain(chapter, ex.name), (chapter, ex.name)
         own = getattr(rules.chapter_rules(chapter), "compare", None)
-        graders = getattr(cases._module(chapter), "compare", None)
+        graders = getattr(cases.chapter_module(chapter), "compare", None)
         assert (own is None) == (graders is None), chapter
         if own is not None and chapter != "08_transformer":  # (chapter 8 adds the models' probe)
             assert graders is own, chapter

@@ -111,7 +111,7 @@ def test_the_generic_diagnoses_are_distinct():
 def test_nan_in_lse_on_queries_that_have_keys_is_not_blamed_on_fully_masked_ones():
     """lse holds one value per query: its NaN is placed against the mask's queries as it is
     (not reduced over its last axis), so NaN on every query is not "a fully masked query"."""
-    from autograder.cases import _module, nonfinite_hint
+    from autograder.cases import chapter_module, nonfinite_hint
     from autograder.shared.calls import Call, Outcome
     mask = torch.ones(4, 6, dtype=torch.bool)
     mask[1] = False
@@ -119,7 +119,7 @@ def test_nan_in_lse_on_queries_that_have_keys_is_not_blamed_on_fully_masked_ones
              args=[torch.zeros(2, 4, 3), torch.zeros(2, 6, 3), torch.zeros(2, 6, 2)], kwargs={"mask": mask})
     lse = torch.zeros(2, 4)
     lse[:, 1] = float("-inf")
-    spec = _module(CH7).HINTS["online_softmax_attention"]
+    spec = chapter_module(CH7).HINTS["online_softmax_attention"]
     expected = Outcome(outputs=[torch.zeros(2, 4, 2), lse])
     everywhere = Outcome(outputs=[torch.zeros(2, 4, 2), torch.full((2, 4), float("nan"))])
     only_dead = Outcome(outputs=[torch.zeros(2, 4, 2), torch.where(lse.isinf(), float("nan"), lse)])
