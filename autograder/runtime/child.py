@@ -1,7 +1,7 @@
 """The child process: runs a student's notebook cells, then answers graded calls.
 
 Started by `autograder.sandbox.processes.Child` as
-    python -B -u -P -c "...; from autograder.runtime.child import main; main(sys.argv[1:])" REQ RES CONFIG
+    python -B -u -s -P -c "...; from autograder.runtime.child import main; main(sys.argv[1:])" REQ RES CONFIG
 with REQ a pipe to read requests from, RES a pipe to write results to (never stdout: student
 code prints), CONFIG a JSON object (sys.path, limits, the output separator token). stdout and
 stderr go to a third pipe that the parent reads with a size cap.

@@ -150,6 +150,7 @@ def _environment(home: str) -> tuple[tuple[str, str], ...]:
         "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
         "MPLBACKEND": "Agg", "MPLCONFIGDIR": os.path.join(home, ".matplotlib"),
         "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",  # (as -s: no user site-packages, see python_argv)
         "PYTHONIOENCODING": "utf-8:backslashreplace",
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     }
@@ -228,7 +229,10 @@ def python_argv(runtime: str, entry: str, args: list[str], module: str = "runtim
     the package from `runtime` only (-P: not from the working folder)."""
     code = ("import sys; sys.path[:0] = [%r]; from autograder.%s import %s; "
             "%s(sys.argv[1:])" % (runtime, module, entry, entry))
-    argv = [sys.executable, "-B", "-u"]
+    # -s: no user site-packages. In the container mode the child starts as root with HOME in a
+    # folder of the student's (a restarted child's, or a warm worker's after a chapter killed
+    # it): a .pth file planted in HOME/.local/lib/pythonX.Y/site-packages ran as root.
+    argv = [sys.executable, "-B", "-u", "-s"]
     if sys.version_info >= (3, 11):
         argv.append("-P")
     return argv + ["-c", code] + args

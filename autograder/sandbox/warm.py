@@ -62,11 +62,13 @@ class _Direct:
 
     @classmethod
     def start(cls, policy: SandboxPolicy, config: dict, sock_fd: int, out_fd: int,
-              workdir: str, rounds: int) -> "_Direct":
+              rounds: int) -> "_Direct":
+        # (it starts as root: in "/", not in `workdir`, which is the student's; each chapter
+        # works in a folder of its own there, and HOME and TMPDIR name it)
         argv = python_argv(policy.runtime, "warm", [str(sock_fd), json.dumps(config)], module="runtime.warm")
         return cls(subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,),
-            env=policy.environment(config["token"]), cwd=workdir, start_new_session=True,
+            env=policy.environment(config["token"]), cwd="/", start_new_session=True,
             close_fds=True), config["token"], rounds)
 
     def poll(self) -> int | None:
@@ -265,7 +267,7 @@ class WarmSandbox(_Controlled):
         self.died_shared = False   # it died while more than one chapter was in it
         if self.mode == SandboxMode.CONTAINER:
             def launch(sock_fd, out_fd):
-                return _Direct.start(policy, config, sock_fd, out_fd, workdir, limits.kill_rounds)
+                return _Direct.start(policy, config, sock_fd, out_fd, limits.kill_rounds)
         elif zygote is not None:
             def launch(sock_fd, out_fd):
                 return zygote.spawn(config["token"], policy.box_config(config["token"]), sock_fd, out_fd)

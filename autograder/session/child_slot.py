@@ -79,6 +79,8 @@ class ChildSlot:
         process), or why the sandbox could not start."""
         token = secrets.token_hex(16)
         if self.pool is None:
+            if self.workdir:  # (the container mode removes a killed child's files: its folder too)
+                os.makedirs(self.workdir, mode=0o700, exist_ok=True)
             return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom)
         if self.box is not None and not self.box.alive():
             self._give_back()  # killed by what the student did: start a new one

@@ -450,3 +450,54 @@ def test_container_chapters_fork_from_one_warm_worker_and_leave_no_daemon():
         assert seen[0] == seen[1] and seen[0][1] == pool.uid != 0, seen  # one worker, the student's uid
     finally:
         pool.close()
+
+
+PLANT_PTH = '''import os, signal, sys
+site = os.path.join(os.environ["HOME"], ".local", "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+for home in (os.environ["HOME"], os.path.dirname(os.environ["HOME"])):  # the chapter's, the worker's
+    site = os.path.join(home, ".local", "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "x.pth"), "w") as f:
+        f.write("import os; open(%r, 'a').write('ran as uid %%d\\\\n' %% os.getuid())\\n" % MARK)
+print("PLANTED", os.getuid(), flush=True)
+if WHO == "worker":
+    os.kill(os.getppid(), signal.SIGKILL)  # the warm worker (same uid): the next chapter starts a new one
+else:
+    os._exit(3)  # a crash: the session starts a new child
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux", reason="the container mode needs root")
+@pytest.mark.parametrize("who", ["worker", "child"])
+def test_a_pth_file_planted_in_home_never_runs_as_root(tmp_path, who):
+    """Reviewer's finding (stop 37): in the container mode a process the grader starts runs as
+    root until it drops to the student's uid, with HOME in the student's folder. A .pth file
+    planted in HOME's user site-packages ran as root in the next one: a new warm worker after a
+    chapter killed its own (`who="worker"`), or a restarted child after a crash (`"child"`,
+    the process-per-child path, as before stop 37). Python now starts with -s. (The child path
+    also could not start again after a crash: the crashed uid's clean-up removed the session's
+    folder; it is made anew.)"""
+    from autograder.sandbox.modes import SandboxChoice, SandboxMode
+    from autograder.sandbox.pool import student_pool
+    from autograder.session.student_session import StudentSession
+
+    mark = tmp_path / "ran"
+    tmp_path.chmod(0o777)  # (the student's uid may write the mark: only root must not run it)
+    plant = f"MARK, WHO = {str(mark)!r}, {who!r}\n" + PLANT_PTH
+    container = SandboxChoice(SandboxMode.CONTAINER)
+    pool = student_pool(container) if who == "worker" else None
+    try:
+        if who == "worker":
+            with StudentSession([plant], sandbox=container, sandboxes=pool) as s:
+                assert "PLANTED" in s.start().output
+            with StudentSession(["import os; print('SECOND', os.getuid())"], sandbox=container, sandboxes=pool) as s:
+                out = s.start().output
+        else:
+            with StudentSession([plant, "import os; print('SECOND', os.getuid())"], sandbox=container) as s:
+                out = s.start().output
+    finally:
+        if pool is not None:
+            pool.close()
+    assert "SECOND" in out, out  # (the child: started again after the crash, in a folder made anew)
+    ran = mark.read_text() if mark.exists() else ""
+    assert "ran as uid 0" not in ran, ran
