@@ -13,7 +13,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 from . import forkserver
 from .. import settings as _settings
-from ..sandbox import gpu_share
 from ..shared.contract import CHAPTERS
 from ..references.cache import REFERENCES
 from ..grading.grader import Grader
@@ -115,10 +114,8 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
             results.append(chapter)
         return results
     finally:
-        if pool is not None:
-            pool.close()
-            if "cuda" in grader.devices:  # the next student starts on a GPU this one has left
-                gpu_share.release(pool.uid)
+        if pool is not None:  # (with CUDA: the next student starts on a GPU this one has left)
+            pool.close(release_gpu="cuda" in grader.devices)
 
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.Settings, counter) -> None:

@@ -151,20 +151,23 @@ def serve_box(ctl_fd: int, config: dict, start: float) -> None:
             procs.kill_tree(message.pid)
         return True
 
+    own_namespace = config.get("own_pid_namespace", True)
+
     def reset(message: p.Reset, fds: list) -> bool:
         p._close(fds)
         for pid in list(chapters):
             procs.kill_tree(pid)
-        _kill_all_but_me()
+        _kill_all_but_me(own_namespace)
         reap()
         _empty(os.environ.get("TMPDIR", "/tmp"))
-        _empty("/dev/shm")  # writable where the zygote made it the student's own
+        if own_namespace:  # (the sandbox's own /dev/shm; the container mode's is the machine's)
+            _empty("/dev/shm")
         loop.send(p.ResetDone())
         return True
 
     loop.send(p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
     loop.run({p.Fork: fork, p.Kill: kill, p.Reset: reset}, reap)
-    _kill_all_but_me()
+    _kill_all_but_me(own_namespace)
     os._exit(0)
 
 
@@ -186,13 +189,14 @@ def _chapter_child(fds: list, config: dict, message, start: float) -> None:
         os._exit(0)
 
 
-def _kill_all_but_me() -> None:
+def _kill_all_but_me(own_namespace: bool) -> None:
     """Every process of the sandbox but this one and its init (PID 1), in a PID namespace of its
     own (the warm worker is PID 2 there under bubblewrap's init, or PID 1 itself when the
     zygote started it). Outside one (the container mode), everything below this process: it
-    and each chapter are child subreapers, so whatever a chapter started stays below them."""
+    and each chapter are child subreapers, so whatever a chapter started stays below them
+    (what escaped, the pool kills: `SandboxPool._sweep`)."""
     me = os.getpid()
-    if me not in (1, 2):
+    if not own_namespace or me not in (1, 2):
         for pid in procs.children_of(me):
             procs.kill_tree(pid)
         return

@@ -73,6 +73,9 @@ class SandboxPolicy:
             "nproc_relative": self.mode == "fallback",  # the grader's own uid: count from now
             "no_userns": True,  # confine.no_user_namespaces once the child is unprivileged
             "subreaper": contained,
+            # (a warm worker's Reset kills all but itself where its PID namespace is its own;
+            # in the container mode, what is below it, and the pool kills the uid's strays)
+            "own_pid_namespace": self.mode == "bubblewrap",
         }
 
     def box_mounts(self) -> tuple[Mount, ...]:

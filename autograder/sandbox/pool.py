@@ -102,13 +102,33 @@ class SandboxPool:
                     box = min(usable, key=lambda b: b.users)
                     box.users += 1
                     self._fresh.discard(id(box))
-                    return box
+                    break
                 if not any(b.resetting for b in alive):
+                    box = self._new()  # under the lock, so two chapters starting at once share it
+                    box.users += 1
                     break
                 self._cond.wait(self.limits.control_timeout)
-            box = self._new()  # under the lock, so two chapters starting at once share it
-            box.users += 1
-            return box
+        self._sweep()
+        return box
+
+    def _sweep(self) -> None:
+        """The container mode, before a chapter starts: kill every process of the student's uid
+        that is neither a live warm worker of this pool nor below one. That is what escaped its
+        chapter: a helper whose chapter killed its own worker (it then belongs to init, and may
+        have wiped its environment's token), which would otherwise compute beside the memory
+        case's capped child or outlive its chapter's limits. (Under bubblewrap the sandbox's
+        PID namespace ends such a process with its worker.)"""
+        if self.mode != SandboxMode.CONTAINER or self._lease is None:
+            return
+        for _ in range(self.limits.kill_rounds):
+            with self._cond:
+                workers = {b.proc.pid for b in self._boxes if b.proc is not None and b.alive()}
+            table = procs.proc_table()
+            strays = [pid for pid in procs.pids_of_uid(self.uid) if not _below(pid, workers, table)]
+            if not strays:
+                return
+            for pid in strays:
+                procs.kill_tree(pid, self.limits.kill_rounds)
 
     def release(self, box: WarmSandbox) -> None:
         """A chapter is done with `box` (its child already killed)."""
@@ -131,20 +151,28 @@ class SandboxPool:
         if not keep:
             box.kill()
 
-    def close(self) -> None:
+    def close(self, release_gpu: bool = False) -> None:
+        """Kill the student's sandboxes and every process of their uid, remove their files, then
+        hand the uid back. With `release_gpu`, wait first until the GPU's driver holds nothing of
+        theirs (`gpu_share.release`), while the uid is still theirs."""
         self.closed = True
         with self._cond:
             boxes, self._boxes = list(self._boxes), []
             self._cond.notify_all()
         for box in boxes:
             box.kill()
-        shutil.rmtree(self._workdir, ignore_errors=True)
         if self._lease is not None:
             procs.kill_uid(self.uid)  # (bubblewrap: nothing should be left, the namespaces are gone)
             if self.mode == SandboxMode.CONTAINER:
                 from .uid_cleanup import clean_up
 
                 clean_up(self.uid)  # its files in the machine's /tmp, /var/tmp, /dev/shm; its keyrings
+        shutil.rmtree(self._workdir, ignore_errors=True)  # (after the uid's processes are gone)
+        if release_gpu:
+            from .gpu_share import release
+
+            release(self.uid)
+        if self._lease is not None:
             self._lease.release()
             self._lease = None
 
@@ -172,3 +200,14 @@ def student_pool(sandbox: SandboxChoice, limits: Limits | None = None, hide=(), 
 def pooled(mode: SandboxMode) -> bool:
     """Whether this mode's children are forked from a student's warm worker (a `SandboxPool`)."""
     return mode == SandboxMode.BUBBLEWRAP or (mode == SandboxMode.CONTAINER and os.geteuid() == 0)
+
+
+def _below(pid: int, ancestors: set[int], table: dict[int, int]) -> bool:
+    """Whether `pid` is one of `ancestors` or a descendant of one (`table`: pid -> parent)."""
+    for _ in range(len(table) + 1):
+        if pid in ancestors:
+            return True
+        if pid not in table:
+            return False
+        pid = table[pid]
+    return False

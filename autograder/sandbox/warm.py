@@ -76,9 +76,12 @@ class _Direct:
 
     def stop(self, wait: float) -> None:
         """Kill the worker, everything below it (it and each chapter are child subreapers) and
-        anything carrying its token; the pool kills whatever else of the uid is left."""
+        anything carrying its token; the pool kills whatever else of the uid is left. Once the
+        worker is reaped, nothing is signalled by its pid: the pool's sweep of the uid remains."""
         from .processes import kill_fallback_tree
 
+        if self.popen.poll() is not None:  # reaped: its pid may be another process's by now
+            return
         kill_fallback_tree(self.pid, self.token, self.rounds)
         try:
             self.popen.wait(wait)

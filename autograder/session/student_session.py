@@ -80,11 +80,11 @@ class StudentSession:
         self.deadline = deadline
         choice = resolve_sandbox(sandbox)
         self.mode, self.note = choice.mode, choice.note
+        if sandboxes is not None and sandboxes.mode != self.mode:
+            sandboxes = None  # (a container session without one starts a process per child)
         if self.mode == SandboxMode.BUBBLEWRAP and sandboxes is None:
             raise ValueError("a bubblewrap session needs the student's SandboxPool, made by whoever "
                              "grades the student (sandbox.pool.student_pool)")
-        if sandboxes is not None and sandboxes.mode != self.mode:
-            sandboxes = None  # (a container session without one starts a process per child)
         self._slot = ChildSlot(self.mode, self.limits, sandboxes, hidden_paths(hide),
                                self.limits.memory_case if memory_capped else 0)
         self._lock = threading.RLock()

@@ -501,3 +501,59 @@ def test_a_pth_file_planted_in_home_never_runs_as_root(tmp_path, who):
     assert "SECOND" in out, out  # (the child: started again after the crash, in a folder made anew)
     ran = mark.read_text() if mark.exists() else ""
     assert "ran as uid 0" not in ran, ran
+
+
+ESCAPE = '''import ctypes, os, signal, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:  # the helper: its token wiped from what /proc/PID/environ shows
+        f = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        ctypes.memset(int(f[47]), 0, int(f[48]) - int(f[47]))
+        os.write(w, str(os.getpid()).encode())
+        while True:
+            time.sleep(0.05)
+    os._exit(0)
+print("HELPER", int(os.read(r, 32)), flush=True)
+os.kill(os.getppid(), signal.SIGKILL)  # its warm worker: the helper then belongs to init
+time.sleep(5)
+'''
+MINE = '''import os
+me = os.getuid()
+mine = []
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if int(open(f"/proc/{p}/status").read().split("Uid:")[1].split()[0]) == me:
+            mine.append(int(p))
+    except (OSError, IndexError, ValueError):
+        pass
+print("MINE", os.getpid(), os.getppid(), sorted(mine))
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux", reason="the container mode needs root")
+def test_a_helper_that_escapes_its_chapter_is_gone_before_the_memory_case_runs():
+    """Reviewer's finding (stop 37): in the container mode a chapter forked a helper, wiped its
+    environment (the token the kill looks for) and killed its own warm worker; the helper went
+    to init, out of every subreaper's reach, and ran beside the memory case's capped child until
+    the student was done (it could compute the 2^26 scores for it through the shared folder).
+    Now the pool kills every process of the student's uid that is not below a live worker
+    before a chapter starts (`SandboxPool._sweep`): the memory case finds none but its own."""
+    from autograder.sandbox.modes import SandboxChoice, SandboxMode
+    from autograder.sandbox.pool import student_pool
+    from autograder.session.student_session import StudentSession
+
+    container = SandboxChoice(SandboxMode.CONTAINER)
+    pool = student_pool(container)
+    try:
+        with StudentSession([ESCAPE], sandbox=container, sandboxes=pool) as s:
+            out = s.start().output
+        helper = int(out.split("HELPER")[1].split()[0])
+        with StudentSession([MINE], sandbox=container, sandboxes=pool, memory_capped=True) as s:
+            out = s.start().output
+        me, worker, mine = out.split("MINE")[1].split(maxsplit=2)
+        assert helper not in eval(mine), out
+        assert set(eval(mine)) <= {int(me), int(worker)}, out  # the capped child and its worker alone
+    finally:
+        pool.close()
+    assert not os.path.exists(f"/proc/{helper}") or open(f"/proc/{helper}/stat").read().split()[2] == "Z"

@@ -29,6 +29,7 @@ from autograder.batch import workers
 from autograder.runtime import procs
 from autograder.grading.grader import Grader
 from autograder.grading.results import CaseResult, ChapterResult, TestResult
+from autograder.sandbox import gpu_share
 from autograder.sandbox.modes import SandboxChoice, SandboxMode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
@@ -107,8 +108,10 @@ class FakePool:
     def prestart(self, n=1):
         pass
 
-    def close(self):
+    def close(self, release_gpu=False):
         procs.kill_uid(self.uid)
+        if release_gpu:  # (while the uid is still the student's)
+            gpu_share.release(self.uid)
 
 
 def simulated_chapter(reg: Path, leftovers: list):
