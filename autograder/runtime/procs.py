@@ -90,6 +90,21 @@ def ended_children():
         yield pid, (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
+def parents_of_uid(uid: int) -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process whose real or effective uid is
+    `uid`, from one reading of each process's status (so a pid and its parent agree)."""
+    out = {}
+    for pid in proc_table():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if fields["State"].split()[0] != "Z" and str(uid) in fields["Uid"].split()[:2]:
+                out[pid] = int(fields["PPid"])
+        except (OSError, KeyError, ValueError, IndexError):
+            pass
+    return out
+
+
 def pids_of_uid(uid: int) -> set[int]:
     """Every process whose real or effective uid is `uid`."""
     out = set()

@@ -123,8 +123,10 @@ class SandboxPool:
         for _ in range(self.limits.kill_rounds):
             with self._cond:
                 workers = {b.proc.pid for b in self._boxes if b.proc is not None and b.alive()}
-            table = procs.proc_table()
-            strays = [pid for pid in procs.pids_of_uid(self.uid) if not _below(pid, workers, table)]
+            # (one reading: a process that starts meanwhile is seen next time, never taken for a
+            # stray because its parent was read before it existed; no process can leave the uid)
+            theirs = procs.parents_of_uid(self.uid)
+            strays = [pid for pid in theirs if not _below(pid, workers, theirs)]
             if not strays:
                 return
             for pid in strays:
@@ -202,12 +204,13 @@ def pooled(mode: SandboxMode) -> bool:
     return mode == SandboxMode.BUBBLEWRAP or (mode == SandboxMode.CONTAINER and os.geteuid() == 0)
 
 
-def _below(pid: int, ancestors: set[int], table: dict[int, int]) -> bool:
-    """Whether `pid` is one of `ancestors` or a descendant of one (`table`: pid -> parent)."""
-    for _ in range(len(table) + 1):
+def _below(pid: int, ancestors: set[int], parents: dict[int, int]) -> bool:
+    """Whether `pid` is one of `ancestors` or a descendant of one, through `parents` (pid ->
+    parent, the uid's processes: a descendant of its worker is of its uid all the way up)."""
+    for _ in range(len(parents) + 1):
         if pid in ancestors:
             return True
-        if pid not in table:
+        if pid not in parents:
             return False
-        pid = table[pid]
+        pid = parents[pid]
     return False

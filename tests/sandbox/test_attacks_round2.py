@@ -557,3 +557,29 @@ def test_a_helper_that_escapes_its_chapter_is_gone_before_the_memory_case_runs()
     finally:
         pool.close()
     assert not os.path.exists(f"/proc/{helper}") or open(f"/proc/{helper}/stat").read().split()[2] == "Z"
+
+
+def test_the_sweep_kills_strays_only_from_one_consistent_reading(monkeypatch):
+    """`SandboxPool._sweep` reads the uid's processes and their parents once: a chapter's child
+    or an honest notebook's subprocess that starts while it reads is below a live worker, never
+    a stray (a reviewer of stop 37 found two readings, between which a new process looked like
+    one); a helper that belongs to init is killed; a worker that is starting is spared."""
+    import threading
+    import types
+
+    from autograder.sandbox import pool as pool_module
+    from autograder.sandbox.limits import Limits
+    from autograder.sandbox.modes import SandboxMode
+
+    worker, chapter, new_child, grandchild, helper, starting = 100, 101, 102, 103, 200, 300
+    box = types.SimpleNamespace(proc=types.SimpleNamespace(pid=worker), alive=lambda: True)
+    fresh = types.SimpleNamespace(proc=types.SimpleNamespace(pid=starting), alive=lambda: True)
+    readings = iter([{worker: 1, chapter: worker, new_child: chapter, grandchild: new_child,
+                      helper: 1, starting: 5}, {worker: 1, chapter: worker, starting: 5}])
+    killed = []
+    monkeypatch.setattr(pool_module.procs, "parents_of_uid", lambda uid: next(readings))
+    monkeypatch.setattr(pool_module.procs, "kill_tree", lambda pid, rounds=20, also=None: killed.append(pid))
+    fake = types.SimpleNamespace(mode=SandboxMode.CONTAINER, _lease=object(), uid=62999, limits=Limits(),
+                                 _cond=threading.Condition(), _boxes=[box, fresh])
+    pool_module.SandboxPool._sweep(fake)
+    assert killed == [helper]
