@@ -64,7 +64,8 @@ class StudentSession:
         hide: more paths the student's code must not see (results files, hidden test data), in
             the container and fallback modes; under bubblewrap the pool's own (`student_pool`).
         sandboxes: the student's `SandboxPool`, required in bubblewrap mode, used in the container
-            mode where given (`student_pool`), ignored in the fallback: made and closed by whoever grades the student (`sandbox.pool.student_pool`),
+            mode where given, ignored in the fallback: made and closed by whoever grades the
+            student (`sandbox.pool.student_pool`),
             shared by that student's chapters only, never made here. Its children are forked from
             a warm worker that has imported torch once, so a restart costs a fork, not an import.
         memory_capped: every child's RLIMIT_DATA is `limits.memory_case` above its start.
