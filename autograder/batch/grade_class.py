@@ -186,9 +186,10 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         results[name] = r = Grader.assemble(result, chapter_results, sum(c.seconds for c in chapter_results))
         source = source if isinstance(source, dict) else {}
         identical = [list(x) for x in source.get("identical") or []]
-        journal.add(name, prints[name], r, identical)
-        if out_dir:
+        if out_dir:  # (before the journal says the student is done: a run killed between the
+            # two grades them again when resumed, instead of resuming without their reports)
             _write_reports(Path(out_dir), name, r, class_dir, identical, source.get("code") or {})
+        journal.add(name, prints[name], r, identical)
         bar.set_postfix_str(printable(name))  # (a folder's name is the student's text)
         bar.update()
 
