@@ -76,6 +76,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     cases = references.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
+    cpu_used: dict[int, list] = {}  # (a device row is not recorded: `execute`)
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
     for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
@@ -95,6 +96,10 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             if m is None and device == "cpu":
                 m = _static_inplace(static, notebook, c)
             result = _case_result(c, device, student, expected, verdict, m)
+            if device == "cpu":
+                cpu_used[index] = result.used
+            else:
+                result.used = list(cpu_used.get(index, result.used))
             if m and m.aspect in STOPPING_ASPECTS:
                 stop = m
             twins = same_path(cases, groups, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []

@@ -273,18 +273,25 @@ class TorchState:
         return False
 
 
-def execute(namespace: dict, call: Call, reraise: tuple = (), trusted: bool = False) -> Outcome:
+def execute(namespace: dict, call: Call, reraise: tuple = (), trusted: bool = False,
+            record: bool = True) -> Outcome:
     """Run `call` against the objects in `namespace` with torch's global state reset
     (`TorchState`); never raises (except `reraise` types and KeyboardInterrupt).
 
     `trusted`: the code is the grader's own (a reference, objects a test defines), which raises
     `Exception`s only: anything else (pytest-timeout's `Failed`, SystemExit) comes from a signal
     handler of this process and is raised on, never recorded as the call's outcome (a test's
-    timeout firing inside a call on a loaded machine cost the solutions a case)."""
+    timeout firing inside a call on a loaded machine cost the solutions a case).
+
+    `record`: note which of the exercises this one builds on the code calls (`Outcome.called`,
+    for `grading/diagnose.py`), on a CPU case only: a device row takes its CPU twin's
+    (`judge.grade_exercise`). The hook costs a quarter of the device check's CPU. Off for the
+    reference's runs, whose calls nobody reads."""
     target = namespace.get(call.target)
     if target is None:
         return Outcome.failure(ErrorKind.MISSING, f"`{call.target}` is not defined in the notebook.")
-    with TorchState(), _CallRecorder(_prerequisites(namespace, call)) as calls:
+    record = record and call.device == "cpu"
+    with TorchState(), _CallRecorder(_prerequisites(namespace, call) if record else {}) as calls:
         out = _execute(target, call, reraise, trusted)
         if call.device == FAKE_CUDA and needs_values(out.error):  # (the device check has no values)
             out.device_note = f"{out.error['type']}: {out.error['message'][:160]}"
@@ -299,7 +306,7 @@ def at_float32(namespace: dict, call: Call) -> dict | None:
     are about memory, and large)."""
     if call.dtype != "float64" or call.device != "cpu" or call.answer or call.capped_memory:
         return None
-    low = execute(namespace, call.on("cpu", "float32"), trusted=True)  # (the reference's run)
+    low = execute(namespace, call.on("cpu", "float32"), trusted=True, record=False)  # (the reference's run)
     return None if low.error else {"outputs": low.outputs, "grads": low.grads}
 
 

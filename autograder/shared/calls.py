@@ -5,7 +5,7 @@ process boundary through `autograder.shared.wire` (no pickle) and can be stored 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 
 
@@ -102,10 +102,10 @@ class Call:
         return cls(**d)
 
     def on(self, device: str, dtype: str) -> "Call":
-        """The same call on another device / dtype."""
-        d = self.to_plain()
-        d.update(device=device, dtype=dtype)
-        return Call.from_plain(d)
+        """The same call on another device / dtype. Its inputs are the same objects, read only
+        (the grader sends a copy of them to the child, and the reference runs on its own copy:
+        `_inputs` in `runtime/execute.py`); a deep copy per variant cost a student 0.07 s."""
+        return replace(self, device=device, dtype=dtype)
 
 
 @dataclass

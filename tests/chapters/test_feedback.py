@@ -4,6 +4,7 @@ code is right: the suggestion, applied to the mistaken port, gets full marks."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from grading_helpers import full, grade_in, namespace_of
 from ports import PORTS
@@ -58,6 +59,23 @@ def merge_heads(x):
 """)
     e = grade_in("03_multi_head_attention", ns)["MultiHeadAttention"]
     assert any("`merge_heads` fails its own tests too" in h for h in e["hints"]), e["hints"]
+    # The device check's rows are not recorded (the hook would cost a quarter of their CPU):
+    # each takes what its CPU twin called, so the hint stands there too.
+    device = next(t for t in e["tests"] if t.device == "fake-cuda")
+    failing = [c for c in device.cases if not c.passed]
+    assert failing and all("merge_heads" in c.used for c in failing), [(c.case, c.used) for c in failing]
+
+
+def test_only_a_cpu_case_of_the_students_records_what_it_calls():
+    from autograder.runtime.execute import execute
+    from autograder.shared.calls import Call
+
+    ns = namespace_of("03_multi_head_attention")
+    mha = Call("03_multi_head_attention", "MultiHeadAttention", "self-attention", "MultiHeadAttention",
+               init={"embed_dim": 8, "num_heads": 2}, args=[torch.randn(2, 3, 8, dtype=torch.float64)])
+    assert execute(ns, mha).called == ["merge_heads", "split_heads"]
+    assert execute(ns, mha.on("fake-cuda", "float32")).called == []
+    assert execute(ns, mha, trusted=True, record=False).called == []  # (the reference's runs)
 
 
 def test_a_renamed_keyword_is_named():
