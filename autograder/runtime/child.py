@@ -111,6 +111,9 @@ def import_runtime() -> None:
     from ..shared import wire  # noqa: F401
     from . import execute  # noqa: F401 (importing it marks torch's references, so that no chapter
     # imports torch._dynamo: `execute._avoid_dynamo_import`, before a fork freezes the heap)
+    from .device_check import native_meta_kernels
+
+    native_meta_kernels()  # (once here, not in every chapter's child)
 
 
 def main(argv: list[str]) -> None:

@@ -229,3 +229,38 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
     assert out.returncode == 0, out.stderr[-2000:]
     calls, dynamo = out.stdout.split()
     assert int(calls) > 100 and dynamo == "False"
+
+
+def test_meta_tensors_run_torchs_cpp_kernels_and_compiled_code_still_runs():
+    """`native_meta_kernels`: a plain meta op runs PyTorch's C++ meta kernel where there is one
+    (no Python of torch's decompositions or meta registrations), an op without one keeps its
+    Python kernel, and `torch.compile` with dynamic shapes (fake tensors: the Python
+    dispatcher) still gives eager's values, as an honest student's compiled model needs."""
+    import sys
+
+    from autograder.runtime.device_check import native_meta_kernels
+
+    native_meta_kernels()
+    a, b, bias = (torch.empty(s, device="meta") for s in ((4, 8), (8, 5), (5,)))
+    files = []
+    sys.setprofile(lambda frame, event, arg: files.append(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        out = torch.addmm(bias, a, b).softmax(-1)
+    finally:
+        sys.setprofile(None)
+    assert out.shape == (4, 5) and out.device.type == "meta"
+    assert not [f for f in files if "torch" in f], sorted(set(files))
+    x = torch.empty(2, 3, 6, device="meta")
+    assert F.layer_norm(x, (6,)).shape == x.shape  # (no C++ meta kernel: the Python one)
+    assert torch.ones(3, device="meta").nonzero  # (still there)
+    with pytest.raises(Exception, match="(?i)meta"):
+        torch.ones(3, device="meta").nonzero()
+
+    def attend(q):
+        s = q @ q.transpose(-1, -2) / q.shape[-1] ** 0.5
+        return F.layer_norm(s.softmax(-1) @ q, (q.shape[-1],))
+
+    compiled = torch.compile(attend, backend="aot_eager", dynamic=True)
+    for length in (3, 5, 9):
+        q = torch.randn(2, length, 4)
+        torch.testing.assert_close(compiled(q), attend(q))
