@@ -62,9 +62,11 @@ def gpu_processes() -> str:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return "(no nvidia-smi)"
-    out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return out or "none"
+    r = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                       capture_output=True, text=True)
+    if r.returncode:  # (an answer it could not give is no proof the GPU is free: a failure)
+        return f"(nvidia-smi failed, exit {r.returncode}: {(r.stderr or r.stdout).strip()[:200]})"
+    return r.stdout.strip() or "none"
 
 
 def batch(class_dir: Path, jobs: int, device: str, out: Path, seed: str) -> tuple[dict[str, str], str]:

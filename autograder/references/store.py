@@ -76,7 +76,8 @@ class ReferenceStore:
         self.folder = folder if folder is not None else cache_dir()
         self.gpu = gpu
         kind = f"references-cuda-{gpu}" if gpu else "references"
-        self.prefix = f"{kind}-s{seed}-{'quick' if quick else 'full'}-"
+        self.family = f"s{seed}-{'quick' if quick else 'full'}-"
+        self.prefix = f"{kind}-{self.family}"
         self.path = self.folder / f"{self.prefix}{digest()}.agw" if self.folder else None
 
     def load(self) -> dict | None:
@@ -113,7 +114,14 @@ class ReferenceStore:
             except (OSError, UnboundLocalError):
                 pass
             return False
-        for old in self.folder.glob(f"{self.prefix}*.agw"):
+        # This GPU's older files, and every GPU's files of another grader, solutions or torch
+        # (the digest: a GPU's tag names its torch too, so an upgrade would leave them behind).
+        # Another GPU's files of this digest stay: a cluster's nodes may share the folder.
+        olds = set(self.folder.glob(f"{self.prefix}*.agw"))
+        if self.gpu:
+            olds |= {f for f in self.folder.glob(f"references-cuda-*-{self.family}*.agw")
+                     if not f.name.endswith(f"-{digest()}.agw")}
+        for old in olds:
             if old != self.path:
                 try:
                     old.unlink()

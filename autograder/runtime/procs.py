@@ -106,12 +106,15 @@ def parents_of_uid(uid: int) -> dict[int, int]:
 
 
 def pids_of_uid(uid: int) -> set[int]:
-    """Every process whose real or effective uid is `uid`."""
+    """Every live process whose real or effective uid is `uid`. Not a zombie: it runs nothing,
+    and where PID 1 does not reap, it would make every `kill_uid` run all its rounds."""
     out = set()
     for pid in proc_table():
         try:
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
+                    if line.startswith("State:") and line.split()[1:2] == ["Z"]:
+                        break
                     if line.startswith("Uid:"):
                         if str(uid) in line.split()[1:3]:
                             out.add(pid)

@@ -172,6 +172,18 @@ def test_cuda_outcomes_are_kept_per_gpu_and_out_of_the_cpu_file(tmp_path, monkey
         _with_cuda_outcomes(other)
     assert gpu_file.exists() and len(list(tmp_path.glob("references-cuda-gpuB-s7-*.agw"))) == 1
 
+    # A GPU's file of an older torch (another digest, under the old torch's tag) is removed
+    # when this digest's CUDA outcomes are written; other seeds' files are not touched.
+    stale = tmp_path / "references-cuda-gpuOld-s7-quick-0123456789ab.agw"
+    other_seed = tmp_path / "references-cuda-gpuOld-s8-quick-0123456789ab.agw"
+    for f in (stale, other_seed):
+        f.write_bytes(gpu_file.read_bytes())
+    monkeypatch.setattr(reference_store, "cuda_tag", lambda: "gpuC")
+    newer = ReferenceCache()
+    with persisted(newer, 7, True, cuda=True):
+        _with_cuda_outcomes(newer)
+    assert not stale.exists() and other_seed.exists() and gpu_file.exists()
+
     asked = []
     monkeypatch.setattr(reference_store, "cuda_tag", lambda: asked.append(1) or "gpuA")
     cpu_only = ReferenceCache()

@@ -166,3 +166,27 @@ def test_a_session_never_makes_the_students_sandboxes():
         assert isinstance(pool, SandboxPool) and pool.size == 2  # (no sandbox started yet)
     finally:
         pool.close()
+
+
+def test_a_zombie_is_no_live_process_of_its_uid():
+    """procs.pids_of_uid and parents_of_uid skip zombies: where PID 1 does not reap, they would
+    make every kill_uid and sweep run all their rounds."""
+    import os
+    import time
+
+    from autograder.runtime import procs
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(200):  # (until it has exited: a zombie, as nobody waits for it yet)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert pid not in procs.pids_of_uid(os.getuid())
+        assert pid not in procs.parents_of_uid(os.getuid())
+        assert os.getpid() in procs.pids_of_uid(os.getuid())
+    finally:
+        os.waitpid(pid, 0)
