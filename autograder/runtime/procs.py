@@ -90,38 +90,40 @@ def ended_children():
         yield pid, (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
-def parents_of_uid(uid: int) -> dict[int, int]:
-    """pid -> parent pid of every live (not zombie) process whose real or effective uid is
-    `uid`, from one reading of each process's status (so a pid and its parent agree)."""
-    out = {}
+def _live_of_uid(uid: int):
+    """(pid, its status fields) of every live process whose real or effective uid is `uid`,
+    from one reading of each status. A zombie runs nothing, and where PID 1 does not reap,
+    zombies would make every `kill_uid` and sweep run all their rounds; but a "zombie" whose
+    other threads still run (its main thread ended with the raw exit syscall) is live: killing
+    it kills them."""
     for pid in proc_table():
         try:
             with open(f"/proc/{pid}/status") as f:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
-            if fields["State"].split()[0] != "Z" and str(uid) in fields["Uid"].split()[:2]:
-                out[pid] = int(fields["PPid"])
+            if str(uid) not in fields["Uid"].split()[:2]:
+                continue
+            if fields["State"].split()[0] == "Z" and int(fields.get("Threads", "1")) <= 1:
+                continue
         except (OSError, KeyError, ValueError, IndexError):
+            continue
+        yield pid, fields
+
+
+def parents_of_uid(uid: int) -> dict[int, int]:
+    """pid -> parent pid of every live process (`_live_of_uid`) of `uid`, from one reading of
+    each process's status (so a pid and its parent agree)."""
+    out = {}
+    for pid, fields in _live_of_uid(uid):
+        try:
+            out[pid] = int(fields["PPid"])
+        except (KeyError, ValueError):
             pass
     return out
 
 
 def pids_of_uid(uid: int) -> set[int]:
-    """Every live process whose real or effective uid is `uid`. Not a zombie: it runs nothing,
-    and where PID 1 does not reap, it would make every `kill_uid` run all its rounds."""
-    out = set()
-    for pid in proc_table():
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("State:") and line.split()[1:2] == ["Z"]:
-                        break
-                    if line.startswith("Uid:"):
-                        if str(uid) in line.split()[1:3]:
-                            out.add(pid)
-                        break
-        except OSError:
-            pass
-    return out
+    """Every live process (`_live_of_uid`) whose real or effective uid is `uid`."""
+    return {pid for pid, _ in _live_of_uid(uid)}
 
 
 def kill_uid(uid: int, rounds: int = 20) -> None:

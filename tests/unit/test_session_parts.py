@@ -190,3 +190,35 @@ def test_a_zombie_is_no_live_process_of_its_uid():
         assert os.getpid() in procs.pids_of_uid(os.getuid())
     finally:
         os.waitpid(pid, 0)
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="SYS_exit's number is x86-64's")
+def test_a_process_whose_main_thread_ended_while_another_runs_is_still_killed(tmp_path):
+    """Its main thread ended with the raw exit syscall, so /proc says "Z", but another thread
+    still runs (reviewer's attack on the zombie filter): it is live, and kill_uid's targets."""
+    import subprocess
+    import sys
+    import time
+
+    from autograder.runtime import procs
+
+    flag = tmp_path / "alive"
+    code = ("import ctypes, threading, time\n"
+            f"threading.Thread(target=lambda: (time.sleep(3), open({str(flag)!r}, 'w').write('ran'))).start()\n"
+            "time.sleep(0.1)\n"
+            "ctypes.CDLL(None).syscall(60, 0)\n")  # SYS_exit (x86-64): the main thread alone
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for _ in range(300):
+            with open(f"/proc/{p.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+        assert p.pid in procs.pids_of_uid(os.getuid()) and p.pid in procs.parents_of_uid(os.getuid())
+        procs.send(p.pid, 9)
+        p.wait(10)
+        time.sleep(3.5)
+        assert not flag.exists(), "the thread outlived the kill"
+    finally:
+        p.kill()
+        p.wait()
