@@ -19,6 +19,8 @@ checked (`unchecked`), and the report says so.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -215,7 +217,8 @@ class _DeviceMoves(TorchFunctionMode):
         return run(*args, **kwargs)
 
 
-_native_meta: list = []  # the Library of the Python meta kernels kept (`native_meta_kernels`)
+_native_meta: list = []  # the Library of the Python meta kernels kept, once made
+_native_lock = threading.Lock()
 
 
 def native_meta_kernels() -> None:
@@ -230,32 +233,43 @@ def native_meta_kernels() -> None:
     tensors and so `torch.compile` use (tests/chapters/test_device_check.py compiles with
     dynamic shapes after it), and an op without a C++ meta kernel gets its Python one back.
     The reference's and the student's meta runs both go through here, so they compare alike;
-    where torch's internals are not as expected, nothing changes (the check is only slower)."""
+    where torch's internals are not as expected, nothing changes (the check is only slower).
+    Thread-safe: another thread entering `FakeCuda` meanwhile waits here (between the removal
+    and the re-registration, some ops have no meta kernel at all)."""
     if _native_meta:
         return
-    _native_meta.append(None)
-    try:
-        import torch._meta_registrations as registrations
-        from torch._decomp import global_decomposition_table
+    with _native_lock:
+        if _native_meta:
+            return
+        try:
+            _native_meta.append(_swap_meta_kernels())
+        except Exception:  # (torch's internals not as expected: its Python kernels stay)
+            _native_meta.append(None)
 
-        python = registrations._meta_lib_dont_use_me_use_register_meta
-        kernels: dict = {}
-        for kind in ("meta", "post_autograd", "pre_autograd"):  # (torch's own precedence)
-            for op, fn in global_decomposition_table[kind].items():
-                kernels.setdefault(op, fn)
-        before = set(torch._C._dispatch_get_registrations_for_dispatch_key("Meta"))
-    except Exception:
-        return
+
+def _swap_meta_kernels():
+    import torch._meta_registrations as registrations
+    from torch._decomp import global_decomposition_table
+
+    python = registrations._meta_lib_dont_use_me_use_register_meta
+    kernels: dict = {}
+    for kind in ("meta", "post_autograd", "pre_autograd"):  # (torch's own precedence)
+        for op, fn in global_decomposition_table[kind].items():
+            if isinstance(op, torch._ops.OpOverload):
+                kernels.setdefault(op.name(), (op, fn))
+    registered = torch._C._dispatch_get_registrations_for_dispatch_key
+    before = set(registered("Meta"))
+    if not before & kernels.keys():
+        return None
     python._destroy()
-    lost = before - set(torch._C._dispatch_get_registrations_for_dispatch_key("Meta"))
     kept = torch.library.Library("aten", "IMPL", "Meta")
-    for op, fn in kernels.items():
-        if isinstance(op, torch._ops.OpOverload) and op.name() in lost:
+    for name in before - set(registered("Meta")):  # (the ops left without a meta kernel)
+        if name in kernels:
             try:
-                kept.impl(op, fn)
+                kept.impl(*kernels[name])
             except Exception:
                 pass
-    _native_meta[0] = kept
+    return kept
 
 
 class FakeCuda:
