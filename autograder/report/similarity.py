@@ -126,8 +126,9 @@ def _preorder(node):
 @lru_cache(maxsize=64)
 def _normalised_once(node):
     """`normalised(node)` made once for `dump` and `tokens`, which both read it, never change
-    it, and are asked for the same definition by the identical-code flag and the similarity
-    fingerprints (an AST node hashes by identity: a node of another student is another key)."""
+    it, and are asked for the same definition by the identical-code flag and then the
+    similarity fingerprints, which empties it (an AST node hashes by identity, and the cache
+    holds it: no other node can take its key)."""
     return normalised(node)
 
 
@@ -221,6 +222,7 @@ def fingerprints(todo) -> dict[str, str]:
             if len(stream) >= MIN_TOKENS and stream != stubs.get(ex.name) \
                     and (node is None or dump(node) != solution.get(ex.name)):
                 out[f"{chapter}: {ex.name}"] = " ".join(stream)
+    _normalised_once.cache_clear()  # (it would keep this student's trees alive: a cell may be 100 kB)
     return out
 
 
