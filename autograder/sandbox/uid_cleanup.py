@@ -36,34 +36,60 @@ def as_uid(uid: int, action) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 def remove_files_of(uid: int, dirs=SHARED_DIRS) -> int:
     """Remove what `uid` owns in `dirs`: at their top and in any world-writable folder below
     (the only places another uid's files can hold theirs); a folder of theirs goes whole. Links
-    are removed, never followed. Returns how many entries were removed."""
+    are removed, never followed. Returns how many entries were removed.
+
+    Every step is relative to an open folder (`dir_fd`), never a path: this runs as root, in
+    folders other students write to while they are graded. By path, a student could swap a
+    folder on the way for a link between the scan and the removal, and have root remove a file
+    of that name anywhere (a class's grades)."""
     removed = 0
-    todo = [d for d in dirs if os.path.isdir(d) and not os.path.islink(d)]
+    todo = []
+    for d in dirs:
+        try:
+            todo.append(os.open(d, _DIR_FLAGS))
+        except OSError:
+            pass
     while todo:
         folder = todo.pop()
         try:
-            entries = list(os.scandir(folder))
+            removed += _remove_in(folder, uid, todo)
+        finally:
+            os.close(folder)
+    return removed
+
+
+def _remove_in(folder: int, uid: int, todo: list) -> int:
+    """One open folder's entries of `uid` removed; its other world-writable folders opened
+    and added to `todo`."""
+    removed = 0
+    try:
+        names = [e.name for e in os.scandir(folder)]
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            if st.st_uid == uid:
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(name, dir_fd=folder, ignore_errors=True)  # (fd-based: links not followed)
+                else:
+                    os.unlink(name, dir_fd=folder)
+                removed += 1
+            elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=folder)  # (a link in its place: ELOOP)
+                found = os.fstat(sub)
+                if (found.st_dev, found.st_ino) == (st.st_dev, st.st_ino):
+                    todo.append(sub)
+                else:  # (swapped since the stat: not the folder that was read)
+                    os.close(sub)
         except OSError:
-            continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            try:
-                if st.st_uid == uid:
-                    if stat.S_ISDIR(st.st_mode):
-                        shutil.rmtree(e.path, ignore_errors=True)
-                    else:
-                        os.unlink(e.path)
-                    removed += 1
-                elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
-                    todo.append(e.path)
-            except OSError:
-                pass
+            pass
     return removed
 
 

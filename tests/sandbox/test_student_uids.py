@@ -164,3 +164,41 @@ def test_a_key_left_in_a_uids_keyring_does_not_reach_its_next_student(monkeypatc
         assert lease.uid == last and keys() == 0
     finally:
         lease.release()
+
+
+def test_a_folder_swapped_for_a_link_during_the_clean_up_removes_nothing_through_it(tmp_path, monkeypatch):
+    """The attack on the clean-up of a student's uid (two students graded at once, the
+    container mode): X leaves a file named like a victim's in a world-writable folder `b` of
+    Y's; while root cleans up X's uid, Y swaps `b` for a link to the victim's folder. Root
+    removed the victim's file through the link, by path; every step now is relative to the
+    folder it opened (uid_cleanup.remove_files_of)."""
+    from autograder.sandbox import uid_cleanup
+
+    x, y = 64001, 64002
+    shared, victim = tmp_path / "shared", tmp_path / "victim"
+    a = shared / "a"
+    b = a / "b"
+    b.mkdir(parents=True)
+    victim.mkdir()
+    for folder in (shared, a, b):
+        folder.chmod(0o777)
+    for folder in (a, b):
+        os.chown(folder, y, y)
+    (b / "grades.csv").write_text("X's decoy")
+    os.chown(b / "grades.csv", x, x)
+    (victim / "grades.csv").write_text("the class's grades")
+    os.chown(victim / "grades.csv", x, x)  # (even a file of X's uid: not through a link)
+    real_scandir, calls = os.scandir, []
+
+    def scandir(where):
+        calls.append(where)
+        if len(calls) == 3:  # (shared, a, then b: Y swaps b for a link just now)
+            b.rename(a / "b-old")
+            b.symlink_to(victim, target_is_directory=True)
+        return real_scandir(where)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    removed = uid_cleanup.remove_files_of(x, dirs=(str(shared),))
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    assert (victim / "grades.csv").read_text() == "the class's grades"
+    assert removed == 1 and not (a / "b-old" / "grades.csv").exists()  # (X's own file, in the folder read)
