@@ -165,18 +165,19 @@ class SandboxPool:
             box.kill()
         if self._lease is not None:
             procs.kill_uid(self.uid)  # (bubblewrap: nothing should be left, the namespaces are gone)
-            if self.mode == SandboxMode.CONTAINER:
-                from .uid_cleanup import clean_up
-
-                clean_up(self.uid)  # its files in the machine's /tmp, /var/tmp, /dev/shm; its keyrings
         shutil.rmtree(self._workdir, ignore_errors=True)  # (after the uid's processes are gone)
         if release_gpu:
             from .gpu_share import release
 
             release(self.uid)
         if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+            lease, self._lease = self._lease, None
+            if self.mode == SandboxMode.CONTAINER:
+                from .uid_cleanup import release_clean
+
+                release_clean(lease)  # its files in the machine's /tmp, /var/tmp, /dev/shm; its keyrings
+            else:
+                lease.release()
 
     def __enter__(self) -> "SandboxPool":
         return self

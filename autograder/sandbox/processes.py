@@ -69,11 +69,10 @@ class Child:
         self.wait(self.limits.kill_wait)
         close_pipes(self)
         if self.lease is not None:
-            from .uid_cleanup import clean_up
+            from .uid_cleanup import release_clean
 
-            clean_up(self.lease.uid)  # its files in /tmp, /var/tmp, /dev/shm, its keyrings
-            self.lease.release()
-            self.lease = None
+            lease, self.lease = self.lease, None
+            release_clean(lease)  # its files in /tmp, /var/tmp, /dev/shm, its keyrings
 
     def exit_description(self) -> str:
         """Why the child ended, in words."""

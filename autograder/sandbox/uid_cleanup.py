@@ -9,8 +9,9 @@ of the session's own (`StudentSession`), removed with it.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-import shutil
 import stat
 import sys
 
@@ -36,60 +37,89 @@ def as_uid(uid: int, action) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = (os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK  # (a FIFO swapped in: no wait)
+              | getattr(os, "O_CLOEXEC", 0))
+MAX_DEPTH = 64         # folders below a shared one: deeper is not walked (the clean-up is incomplete)
+MAX_ENTRIES = 200_000  # entries looked at in all: a classmate could keep making folders ahead of it
 
 
-def remove_files_of(uid: int, dirs=SHARED_DIRS) -> int:
+class _Incomplete(Exception):
+    """The walk met its depth or size limit: some of the uid's files may be left."""
+
+
+def remove_files_of(uid: int, dirs=SHARED_DIRS) -> tuple[int, bool]:
     """Remove what `uid` owns in `dirs`: at their top and in any world-writable folder below
     (the only places another uid's files can hold theirs); a folder of theirs goes whole. Links
-    are removed, never followed. Returns how many entries were removed.
+    are removed, never followed. Returns (entries removed, whether the walk was complete).
 
-    Every step is relative to an open folder (`dir_fd`), never a path: this runs as root, in
-    folders other students write to while they are graded. By path, a student could swap a
-    folder on the way for a link between the scan and the removal, and have root remove a file
-    of that name anywhere (a class's grades)."""
-    removed = 0
-    todo = []
+    This runs as root, in folders other students write to while they are graded, so every step
+    is relative to a folder it opened (`dir_fd`, `O_NOFOLLOW`, each folder checked by device
+    and inode against what was read), never a path: by path, a classmate swapping a folder for
+    a link between the scan and the removal had root remove a file of that name anywhere. The
+    walk holds one open folder per level, at most MAX_DEPTH levels and MAX_ENTRIES entries, and
+    opens nothing that could block; what it cannot finish it reports, for the caller to keep
+    the uid from the next student (`quarantine`)."""
+    budget = [MAX_ENTRIES, True]  # (entries left to look at, no folder left unwalked)
+    removed, complete = 0, True
     for d in dirs:
         try:
-            todo.append(os.open(d, _DIR_FLAGS))
+            fd = os.open(d, _DIR_FLAGS)
         except OSError:
-            pass
-    while todo:
-        folder = todo.pop()
+            continue
         try:
-            removed += _remove_in(folder, uid, todo)
+            removed += _walk(fd, uid, 0, False, budget)
+        except _Incomplete:
+            complete = False
+        except OSError:  # (EMFILE, ...: the walk could not finish)
+            complete = False
         finally:
-            os.close(folder)
-    return removed
+            os.close(fd)
+    return removed, complete and budget[1]
 
 
-def _remove_in(folder: int, uid: int, todo: list) -> int:
-    """One open folder's entries of `uid` removed; its other world-writable folders opened
-    and added to `todo`."""
+def _walk(folder: int, uid: int, depth: int, theirs: bool, budget: list) -> int:
+    """The open `folder`'s entries of `uid` removed (all of them when `theirs`: a folder of
+    the uid's, emptied before it goes), world-writable folders of others searched; how many
+    entries went."""
     removed = 0
     try:
         names = [e.name for e in os.scandir(folder)]
     except OSError:
         return 0
+    budget[0] -= len(names)
+    if budget[0] < 0:
+        raise _Incomplete("too many entries")
     for name in names:
         try:
             st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-            if st.st_uid == uid:
-                if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(name, dir_fd=folder, ignore_errors=True)  # (fd-based: links not followed)
-                else:
-                    os.unlink(name, dir_fd=folder)
-                removed += 1
-            elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=folder)  # (a link in its place: ELOOP)
-                found = os.fstat(sub)
-                if (found.st_dev, found.st_ino) == (st.st_dev, st.st_ino):
-                    todo.append(sub)
-                else:  # (swapped since the stat: not the folder that was read)
-                    os.close(sub)
         except OSError:
-            pass
+            continue
+        owned = theirs or st.st_uid == uid
+        if stat.S_ISDIR(st.st_mode) and (owned or st.st_mode & stat.S_IWOTH):
+            if depth >= MAX_DEPTH:
+                budget[1] = False  # (the rest of the walk goes on)
+                continue
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=folder)  # (a link in its place: ELOOP)
+            except OSError as e:
+                if e.errno == errno.EMFILE:
+                    raise
+                continue
+            try:
+                found = os.fstat(sub)
+                if (found.st_dev, found.st_ino) != (st.st_dev, st.st_ino):
+                    continue  # (swapped since the stat: not the folder that was read)
+                removed += _walk(sub, uid, depth + 1, owned, budget)
+            finally:
+                os.close(sub)
+            if owned:
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=folder)
+                    removed += 1
+        elif owned:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder)
+                removed += 1
     return removed
 
 
@@ -109,6 +139,27 @@ def clear_keyrings(uid: int) -> None:
         pass
 
 
-def clean_up(uid: int) -> None:
-    remove_files_of(uid)
-    clear_keyrings(uid)
+_QUARANTINED: list = []  # leases kept until this process ends: their uid's clean-up did not finish
+
+
+def clean_up(uid: int) -> bool:
+    """The uid's files and keyrings removed; whether completely (never raises)."""
+    try:
+        _, complete = remove_files_of(uid)
+    except Exception:
+        complete = False
+    try:
+        clear_keyrings(uid)
+    except Exception:
+        complete = False
+    return complete
+
+
+def release_clean(lease) -> None:
+    """Clean up after `lease`'s uid, then hand it back; or, where the clean-up could not finish
+    (a hostile tree of folders), keep it from every later student of this run (its lock held
+    until the process ends)."""
+    if clean_up(lease.uid):
+        lease.release()
+    else:
+        _QUARANTINED.append(lease)

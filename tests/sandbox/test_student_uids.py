@@ -198,7 +198,68 @@ def test_a_folder_swapped_for_a_link_during_the_clean_up_removes_nothing_through
         return real_scandir(where)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    removed = uid_cleanup.remove_files_of(x, dirs=(str(shared),))
+    removed, complete = uid_cleanup.remove_files_of(x, dirs=(str(shared),))
     monkeypatch.setattr(os, "scandir", real_scandir)
     assert (victim / "grades.csv").read_text() == "the class's grades"
-    assert removed == 1 and not (a / "b-old" / "grades.csv").exists()  # (X's own file, in the folder read)
+    assert removed == 1 and complete and not (a / "b-old" / "grades.csv").exists()  # (X's own file, in the folder read)
+
+
+def test_a_hostile_tree_never_crashes_the_clean_up_and_keeps_the_uid_from_later_students(tmp_path, monkeypatch):
+    """Reviewer's attacks on the clean-up: a chain of 1,500 folders (shutil.rmtree recursed
+    once per level: a RecursionError escaped, and the uid was never handed back), 400 open
+    folders of a classmate beside the student's files under a limit of open files that fits MAX_DEPTH (every
+    sibling was held open: EMFILE, and the student's files stayed for the next holder of the
+    uid). The walk holds one folder per level: the files go; what it cannot finish keeps the
+    uid out of this run's leases."""
+    import resource
+
+    from autograder.sandbox import uid_cleanup
+
+    x, y = 64011, 64012
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    for i in range(400):  # a classmate's world-writable folders, each searched
+        d = shared / f"y{i:03d}"
+        d.mkdir()
+        d.chmod(0o777)
+        os.chown(d, y, y)
+    (shared / "y399" / "x-left-this").write_text("x")
+    os.chown(shared / "y399" / "x-left-this", x, x)
+    deep = shared / "x-deep"
+    deep.mkdir()
+    os.chown(deep, x, x)
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1500):  # (relative to an open folder: the path would pass PATH_MAX)
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (len(os.listdir("/proc/self/fd")) + uid_cleanup.MAX_DEPTH + 16, hard))
+    try:
+        removed, complete = uid_cleanup.remove_files_of(x, dirs=(str(shared),))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        level, n = deep, 0
+        while (level / "d").exists():  # (flattened, so that pytest's own clean-up can remove it)
+            n += 1
+            os.rename(level / "d", shared / f"flat{n}")
+            level = shared / f"flat{n}"
+    assert not (shared / "y399" / "x-left-this").exists()
+    assert not complete  # (the chain is deeper than MAX_DEPTH)
+
+    class Lease:
+        uid, released = x, False
+
+        def release(self):
+            self.released = True
+
+    lease = Lease()
+    monkeypatch.setattr(uid_cleanup, "SHARED_DIRS", (str(shared),))
+    monkeypatch.setattr(uid_cleanup, "remove_files_of", lambda uid: (0, False))
+    uid_cleanup.release_clean(lease)
+    assert not lease.released and lease in uid_cleanup._QUARANTINED
+    uid_cleanup._QUARANTINED.remove(lease)
