@@ -263,3 +263,29 @@ def test_a_hostile_tree_never_crashes_the_clean_up_and_keeps_the_uid_from_later_
     uid_cleanup.release_clean(lease)
     assert not lease.released and lease in uid_cleanup._QUARANTINED
     uid_cleanup._QUARANTINED.remove(lease)
+
+
+def test_a_file_an_earlier_holder_left_does_not_reach_the_uids_next_student(monkeypatch, tmp_path):
+    """A run whose clean-up could not finish (or was killed) leaves the uid's files behind:
+    the next lease of that uid, in a later run, removes them first, and skips a uid whose
+    files it cannot all remove."""
+    from autograder.sandbox import uid_cleanup, uids
+
+    first, last = uid_range()
+    monkeypatch.setattr(uids, "uid_range", lambda: (last, last))  # (the one uid lease can give)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    left = shared / "answers.txt"
+    left.write_text("an earlier holder's")
+    os.chown(left, last, last)
+    monkeypatch.setattr(uid_cleanup, "SHARED_DIRS", (str(shared),))
+    monkeypatch.setattr(uid_cleanup.remove_files_of, "__defaults__", ((str(shared),),))
+    lease = uids.lease()
+    try:
+        assert lease.uid == last and not left.exists()
+    finally:
+        lease.release()
+    monkeypatch.setattr(uid_cleanup, "remove_files_of", lambda uid: (0, False))
+    with pytest.raises(OSError, match="in use"):
+        uids.lease()
