@@ -44,7 +44,7 @@ MAX_ENTRIES = 200_000  # entries looked at in all: a classmate could keep making
 
 
 class _Incomplete(Exception):
-    """The walk met its depth or size limit: some of the uid's files may be left."""
+    """The walk met its size limit (MAX_ENTRIES): some of the uid's files may be left."""
 
 
 def remove_files_of(uid: int, dirs=SHARED_DIRS) -> tuple[int, bool]:
@@ -58,7 +58,7 @@ def remove_files_of(uid: int, dirs=SHARED_DIRS) -> tuple[int, bool]:
     a link between the scan and the removal had root remove a file of that name anywhere. The
     walk holds one open folder per level, at most MAX_DEPTH levels and MAX_ENTRIES entries, and
     opens nothing that could block; what it cannot finish it reports, for the caller to keep
-    the uid from the next student (`quarantine`)."""
+    the uid from the next student (`release_clean`)."""
     budget = [MAX_ENTRIES, True]  # (entries left to look at, no folder left unwalked)
     removed, complete = 0, True
     for d in dirs:

@@ -203,9 +203,6 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
     `import_runtime` brings in before the warm worker forks and freezes its heap).
     Every reference solution's device-check calls, and arithmetic with Python numbers as
     students write it, in a fresh process set up as a chapter's is."""
-    import subprocess
-    import sys
-
     script = (
         "import sys, torch, torch.fx.experimental.symbolic_shapes\n"
         "from autograder.runtime.child import import_runtime\n"
@@ -225,9 +222,7 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
         "        for _, c in variants(REFERENCES.cases(ch.id, ex.name, 0, False), 'fake-cuda'):\n"
         "            execute(load_reference(ch.id), c); n += 1\n"
         "print(n, 'torch._dynamo' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    calls, dynamo = out.stdout.split()
+    calls, dynamo = _python(script).split()
     assert int(calls) > 100 and dynamo == "False"
 
 
@@ -269,9 +264,6 @@ def test_threads_entering_the_check_together_never_meet_an_op_without_its_meta_k
     """The swap to C++ meta kernels happens on the first entry, which the grader's reference
     warm-up thread and its grading threads may make at once: none may run a meta op while
     kernels are being swapped (reviewer's race: 97 of them failed without the lock)."""
-    import subprocess
-    import sys
-
     script = (
         "import threading, torch, torch.nn.functional as F\n"
         "from autograder.runtime.device_check import FakeCuda\n"
@@ -289,6 +281,15 @@ def test_threads_entering_the_check_together_never_meet_an_op_without_its_meta_k
         "threads = [threading.Thread(target=work) for _ in range(4)]\n"
         "[t.start() for t in threads]; [t.join() for t in threads]\n"
         "print(len(errors), errors[:2])\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    out = _python(script)
+    assert out.startswith("0 "), out
+
+
+def _python(script: str) -> str:
+    """What `script` prints in a fresh process (set up as a chapter's: nothing imported yet)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("0 "), out.stdout
+    return out.stdout
