@@ -107,6 +107,30 @@ def test_tolerance_depends_on_dtype():
     assert value_error(torch.tensor([True, True]), b, "float64")[2] == [1]
 
 
+
+def test_the_quick_rule_and_the_detailed_one_agree_on_every_special_value():
+    """value_error answers "all close" with one isclose and explains a mismatch with its own
+    ops: the two must agree, element by element, on NaNs, infinities, zeros and the edges of
+    the tolerance (a disagreement would pass a wrong value, or fail a right one with no place)."""
+    import itertools
+
+    rtol, atol = 1e-6, 1e-8
+    inf, nan = float("inf"), float("nan")
+    values = [0.0, -0.0, 1.0, -1.0, 1 + 0.9e-6, 1 + 1.1e-6, 1e-9, 2e-8, inf, -inf, nan, 1e300]
+    for x, y in itertools.product(values, repeat=2):
+        a, e = torch.tensor([x], dtype=torch.float64), torch.tensor([y], dtype=torch.float64)
+        both_nan = x != x and y != y
+        same_inf = abs(x) == inf and x == y
+        diff = 0.0 if both_nan or same_inf else abs(x - y)
+        diff = inf if diff != diff else diff
+        wrong = diff > atol + rtol * (0.0 if abs(y) == inf or y != y else abs(y))
+        assert (value_error(a, e, "float64") is not None) == wrong, (x, y)
+    # a mismatch anywhere in a larger tensor still says where
+    e = torch.randn(4, 5, dtype=torch.float64)
+    a = e.clone()
+    a[2, 3] += 1e-3
+    assert value_error(a, e, "float64")[2] == [2, 3]
+
 # --------------------------------------------------------------------------- half precision
 # The float16/bfloat16 tolerances of the CUDA test, checked where no GPU is needed: on the CPU,
 # implementations that are correct but computed differently (einsum, other reshapes, their own
