@@ -268,7 +268,7 @@ class _Chapter:
             elif status == "error":  # KeyboardInterrupt, which execute lets through
                 outcome = Outcome(error=_error_of(exc))
         try:
-            plain = outcome.to_plain()
+            plain = outcome.to_wire()
         except BaseException as e:
             plain = Outcome.failure("GraderError", f"the result could not be read: "
                                     f"{_safe_name(e)}").to_plain()

@@ -159,6 +159,11 @@ class Outcome:
     def to_plain(self) -> dict:
         return asdict(self)
 
+    def to_wire(self) -> dict:
+        """The fields as they are, for `wire.encode` to send (it copies what it sends: the deep
+        copy of `to_plain`, tensors included, cost a chapter's child about 0.02 s)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     @classmethod
     def from_plain(cls, d: dict) -> "Outcome":
         return cls(**d)
