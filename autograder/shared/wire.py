@@ -214,10 +214,13 @@ def _check_header(header: bytes, max_nodes: int = MAX_NODES, max_depth: int = MA
 
 def _decode(header: bytes, payload: memoryview, max_nodes: int, max_depth: int) -> Any:
     tree = _parse_header(header, max_nodes, max_depth)
-    specs = list(_entries(tree, len(payload)))
-    _check_tiling(specs, len(payload))  # before a single byte is copied
-    specs.reverse()
-    return _rebuild(tree, specs, payload)
+    root = [tree]  # (so that a frame that is one tensor is replaced like any other)
+    slots: list = []
+    _collect(root, len(payload), slots)
+    _check_tiling([spec for _, _, spec in slots], len(payload))  # before a single byte is copied
+    for container, key, spec in slots:  # (the tree is json.loads' own: replaced in place)
+        container[key] = _tensor(payload, *spec)
+    return root[0]
 
 
 def _parse_header(header: bytes, max_nodes: int, max_depth: int) -> Any:
@@ -256,17 +259,20 @@ def _spec(entry, size: int) -> tuple:
     return offset, nbytes, dtype, shape
 
 
-def _entries(x, size: int):
-    """Every tensor entry's spec, checked, in the order `_rebuild` meets them."""
-    if isinstance(x, dict):
-        if set(x) == {"__tensor__"}:
-            yield _spec(x["__tensor__"], size)
-        else:
-            for v in x.values():
-                yield from _entries(v, size)
-    elif isinstance(x, list):
-        for v in x:
-            yield from _entries(v, size)
+def _collect(x, size: int, slots: list) -> None:
+    """Every tensor entry below the container `x` (a dict or list of the parsed header, whose
+    nesting `_check_header` bounded), checked, as (its container, its key, its spec). One pass
+    that calls itself for containers only: the outcome of a module's call holds thousands of
+    values (its parameters' names and shapes)."""
+    for key, value in (x.items() if type(x) is dict else enumerate(x)):
+        kind = type(value)
+        if kind is dict:
+            if len(value) == 1 and "__tensor__" in value:
+                slots.append((x, key, _spec(value["__tensor__"], size)))
+            else:
+                _collect(value, size, slots)
+        elif kind is list:
+            _collect(value, size, slots)
 
 
 def _tensor(payload: memoryview, offset: int, nbytes: int, dtype, shape) -> torch.Tensor:
@@ -274,18 +280,6 @@ def _tensor(payload: memoryview, offset: int, nbytes: int, dtype, shape) -> torc
         return torch.empty(shape, dtype=dtype)
     raw = bytearray(payload[offset: offset + nbytes])  # the one copy of these bytes
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
-
-
-def _rebuild(x, specs: list, payload: memoryview) -> Any:
-    """The header's tree with each tensor entry replaced by a fresh tensor; `specs`, reversed,
-    are popped in the order of `_entries`."""
-    if isinstance(x, dict):
-        if set(x) == {"__tensor__"}:
-            return _tensor(payload, *specs.pop())
-        return {k: _rebuild(v, specs, payload) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_rebuild(v, specs, payload) for v in x]
-    return x
 
 
 def _check_tiling(specs: list, size: int) -> None:
