@@ -175,9 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     here, once, and handed down; they are also `settings.current()` while the command runs."""
     from .settings import Settings, installed
 
-    if (sys.argv[1:] if argv is None else argv)[:1] in (["grade"], ["batch"]):
-        from .sandbox.modes import probe_in_background
-        probe_in_background()  # (while the command line is parsed: off the sandbox's critical path)
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()

@@ -82,14 +82,6 @@ def probe_bubblewrap() -> tuple[bool, str, int]:
         return result
 
 
-def probe_in_background() -> None:
-    """Start `probe_bubblewrap` in a thread: its sandboxed interpreter (0.05 s) then runs while
-    the command line is parsed, instead of before the student's sandbox can start. Whoever asks
-    for the result waits for it (the lock); nothing else changes."""
-    if "result" not in _PROBE:
-        threading.Thread(target=probe_bubblewrap, name="bwrap-probe", daemon=True).start()
-
-
 class SandboxUnavailable(RuntimeError):
     """Bubblewrap is installed (or was asked for) but cannot start a sandbox here. The command
     line turns this into exit status 3: grading never goes on unsandboxed because of it."""
