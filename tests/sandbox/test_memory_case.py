@@ -1,7 +1,7 @@
 """The memory case, measured so that nothing hides from it, and capped only where it is measured.
 
 Each attack is a student's chapter 7 notebook whose `online_softmax_attention` holds the whole
-L_q x L_k score matrix (256 MiB in the memory case, in float32) where RLIMIT_DATA does not count it: an
+L_q x L_k score matrix (512 MiB in the memory case) where RLIMIT_DATA does not count it: an
 anonymous shared mapping (`mmap.mmap(-1, n)`, M1 of issue 27), a memfd, files in /dev/shm or
 /tmp mapped shared. Before: each scored the memory case (10/10 on the exercise). Now the memory
 case's child has its address space capped and a seccomp filter (`confine.no_hidden_memory`):
@@ -163,9 +163,9 @@ def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
     ref = execute(_reference_namespace(), memory)
     got = execute(ns, memory)
     assert got.error is None, got.error
-    from autograder.grading.compare import value_error
+    import torch
 
-    assert value_error(got.outputs[0], ref.outputs[0], memory.dtype) is None  # (the case's dtype: float32)
+    assert torch.allclose(got.outputs[0], ref.outputs[0], atol=1e-8)
 
 
 def _reference_namespace() -> dict:
