@@ -187,11 +187,13 @@ class _Chapter:
         _not_main()
         try:
             frame = encode(p.plain(message))
-        except (self.WireError, TypeError, ValueError) as e:
+        except Exception as e:  # (an outcome can hold the student's objects, whose methods
+            # encoding may call: an int subclass's __abs__, a type's __name__, and raise anything)
             if not isinstance(message, p.CallDone):
                 raise
             frame = encode(p.plain(p.CallDone(message.id, self.Outcome.failure(
-                "TypeError", f"the result cannot be sent to the grader: {e}").to_plain())))
+                "TypeError", f"the result cannot be sent to the grader: {_why_unsendable(e, self.WireError)}"
+            ).to_plain())))
         view = memoryview(frame)
         while view:
             n = os.write(self.res_fd, view)
@@ -309,6 +311,17 @@ def _modes_left() -> bool:
         return bool(torch._C._len_torch_function_stack() or _len_torch_dispatch_stack())
     except Exception:
         return False
+
+
+def _why_unsendable(e: BaseException, wire_error) -> str:
+    """The encoder's own message (`unsupported tensor dtype ...`), else the exception's type
+    name: another exception came from the student's objects, whose __str__ is theirs too."""
+    if type(e) in (wire_error, TypeError, ValueError):
+        try:
+            return str(e)[:300]
+        except BaseException:
+            pass
+    return _safe_name(e)
 
 
 def _safe_name(obj) -> str:

@@ -146,6 +146,42 @@ def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path
     assert memory.message.startswith(("the call ran out of memory", "refused: the memory case")), memory.message
 
 
+# The whole L_q x L_k scores of one batch element at a time (2^25 scores: 256 MiB in the case's
+# float64), the honest solution everywhere else. A float32 case (stop 39, backed out) let this
+# through: 128 MiB fit under the cap.
+PER_ELEMENT = '''
+import math, torch
+_honest = online_softmax_attention
+
+def _whole(q, k, v, mask):
+    s = q @ k.transpose(-2, -1)
+    s.mul_(1 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        s.masked_fill_(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    s.sub_(m).exp_()
+    l = s.sum(-1, keepdim=True)
+    return (s @ v) / l, (m + torch.log(l)).squeeze(-1)
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    if k.shape[-2] < 4096 or q.dim() != 3 or (mask is not None and mask.dtype != torch.bool):
+        return _honest(q, k, v, mask, block_size)
+    outs = [_whole(q[b], k[b], v[b], mask) for b in range(q.shape[0])]
+    return torch.stack([o for o, _ in outs]), torch.stack([x for _, x in outs])
+'''
+
+
+@pytest.mark.needs_bwrap
+def test_one_batch_elements_whole_score_matrix_at_a_time_loses_the_memory_case(tmp_path):
+    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PER_ELEMENT))
+    path = tmp_path / f"{CH}.ipynb"
+    nbformat.write(nb, path)
+    (chapter,) = Grader(device="cpu").grade_path(path).chapters
+    cases = online_cases(chapter.tests)
+    assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
+
+
 @pytest.mark.needs_bwrap
 def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
     """The attacks compute the right answer: the same notebook, graded where nothing caps the

@@ -740,3 +740,34 @@ def test_output_printed_just_before_the_end_is_kept(mode, monkeypatch):
         assert "last cell" in report.output
         assert value(s.run(call("shout", torch.zeros(1)))).tolist() == [0.0]
         assert s.last_output.strip() == "called"
+
+
+UNSENDABLE = '''
+import torch
+class Name(int):  # a "type name" whose encoding runs the student's code, which raises
+    def __abs__(self):
+        raise RuntimeError("no")
+class Meta(type):
+    @property
+    def __name__(cls):
+        return Name(7)
+class Weird(metaclass=Meta):
+    pass
+def weird(x):
+    return Weird()
+def fine(x):
+    return x + 1
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_result_whose_encoding_raises_anything_is_that_calls_failure_not_a_dead_child(mode):
+    """The child sends what a call returned described by grader code that reads the student's
+    objects (a returned object's type name): encoding it may run their code and raise anything.
+    That call fails, saying so; the child lives on for the next one."""
+    with session([UNSENDABLE], mode) as s:
+        s.start()
+        o = s.run(call("weird", torch.zeros(1)))
+        assert o.error and o.error["type"] == "TypeError", o.error
+        assert "cannot be sent to the grader: RuntimeError" in o.error["message"], o.error
+        assert value(s.run(call("fine", torch.zeros(1)))).tolist() == [1.0]

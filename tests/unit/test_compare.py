@@ -46,6 +46,20 @@ def test_order_of_aspects_shape_before_dtype_before_values():
     assert compare(c, _run(lambda t: t / 0 * 0, c), ref).aspect == "nonfinite"
 
 
+def test_an_output_that_its_meta_misdescribes_fails_whatever_it_broadcasts_to():
+    """A forged result (a child reports the reference's shape over a tensor that broadcasts to
+    the reference's values: a scalar where every value is the same) does not pass: `structure`
+    holds each output to its meta before any value is compared (value_error broadcasts)."""
+    c = _call(args=[torch.zeros(2, 3, dtype=torch.float64)])
+    ref = _run(lambda t: t + 1, c)
+    forged = _run(lambda t: t + 1, c)
+    forged.outputs = [torch.tensor(1.0, dtype=torch.float64)]  # meta still says (2, 3)
+    m = compare(c, forged, ref)
+    assert m is not None and m.aspect == "returned" and "does not match its description" in m.message, m
+    forged.outputs = [torch.ones(4, 2, 3, dtype=torch.float64)]
+    assert compare(c, forged, ref).aspect == "returned"
+
+
 def test_errors_missing_names_and_expected_errors():
     c = _call(args=[torch.zeros(2)])
     ref = _run(lambda t: t, c)
