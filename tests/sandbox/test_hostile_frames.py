@@ -56,8 +56,8 @@ HOSTILE = {
     # For the one-pass decoder (stop 39): a tensor entry beside other keys is a plain dict, so
     # the payload it names is left unread; an escaped key is still a tensor entry, so the
     # reused range is still refused; a frame that is one tensor is no message.
-    "entry_beside_other_keys": ('{"kind": "CallDone", "id": 1, "outcome": {"outputs": '
-                                '[{"__tensor__": ["float64", [4], 0, 32], "x": 1}]}}', bytes(32)),
+    "entry_beside_other_keys": (('{"kind": "CallDone", "id": 1, "outcome": {"outputs": '
+                                 '[{"__tensor__": ["float64", [4], 0, 32], "x": 1}]}}'), bytes(32)),
     "escaped_reused_range": ('{"kind": "CallDone", "id": 1, "outcome": {"outputs": [%s]}}'
                              % ", ".join(['{"\\u005f_tensor__": ["float64", [4], 0, 32]}'] * 50), bytes(32)),
     "one_tensor": ('{"__tensor__": ["float64", [4], 0, 32]}', bytes(32)),
