@@ -17,7 +17,7 @@ from .results import CaseResult, TestResult
 from ..report.untrusted_text import capped
 from .variants import device_check_groups, variants
 from ..references.cache import REFERENCES, reference_key
-from .scoring import credit_cpu_only, same_path, exercise_tests
+from .scoring import credit_cpu_only, exercise_tests, not_run_for_cpu, path_failed_on_cpu, same_path
 from ..selfcheck.verdict import Verdict, forbidden_message, judge_by  # (one definition, the student package's)
 
 
@@ -71,13 +71,16 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     what the notebook's source shows (`findings.ExerciseFindings` of this exercise, with
     the parsed `notebook`), where the grader has the source: forbidden built-ins and in-place
     changes of inputs, which the student's process cannot hide from it. references: the
-    reference outcomes (`references.cache.ReferenceCache`; default the process's REFERENCES)."""
+    reference outcomes (`references.cache.ReferenceCache`; default the process's REFERENCES).
+    The device check of a code path none of whose cases is correct on the CPU is not run: it
+    could earn nothing, and the CPU's failure is the feedback."""
     references = REFERENCES if references is None else references
     cases = references.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
     cpu_used: dict[int, list] = {}  # (a device row is not recorded: `execute`)
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
+    missing = False  # the CPU test stopped on a name the notebook does not define
     for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
@@ -85,8 +88,13 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             if stop:
                 skipped = CaseResult(c.case, device, c.dtype, False, stop.aspect, f"not run: {stop.message}")
                 test.cases.append(skipped)
+                if device == "cpu":
+                    cpu_passed[index] = False  # (not run there: a device row of it earns nothing)
                 if device in DEVICE_CHECKS:
                     test.cases += same_path(cases, groups, index, skipped, c.case, cpu_passed)
+                continue
+            if device in DEVICE_CHECKS and not missing and path_failed_on_cpu(groups, index, cpu_passed):
+                test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_used)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
             student = run(c)
@@ -110,6 +118,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
             test.cases += twins
         if stop and stop.aspect == "missing":
             test.note = stop.message
+            missing = missing or device == "cpu"  # (the device tests then say so too, as before)
         total = len(test.cases)
         test.score = round(test.max_score * test.passed / total, 4) if total else 0.0
         tests.append(test)

@@ -14,13 +14,28 @@ from .results import CaseResult, TestResult
 
 
 CPU_SHARE = 0.8
+CPU_FIRST = "this case fails on the CPU, and device portability counts only for cases that are correct there."
 
 
 def credit_cpu_only(device: str, result: CaseResult, cpu_passed: bool) -> None:
     if device != "cpu" and result.passed and not cpu_passed:
         result.passed, result.aspect = False, "cpu"
-        result.message = ("not credited: this case fails on the CPU, and device portability "
-                          "counts only for cases that are correct there.")
+        result.message = f"not credited: {CPU_FIRST}"
+
+
+def path_failed_on_cpu(groups: dict, index: int, cpu_passed: dict) -> bool:
+    """Whether every case of the code path that case `index` is run for (`device_check_groups`)
+    failed on the CPU, or was not run there: its device check could credit none of them."""
+    members = [m for m, rep in groups.items() if rep == index]
+    return bool(members) and all(cpu_passed.get(m) is False for m in members)
+
+
+def not_run_for_cpu(cases: list[Call], groups: dict, index: int, device: str, dtype: str,
+                    cpu_used: dict) -> list[CaseResult]:
+    """The device check's results of a code path that failed on the CPU (`path_failed_on_cpu`),
+    not run: one for each of its cases, in the order a run gives them."""
+    return [CaseResult(cases[m].case, device, dtype, False, "cpu", f"not run: {CPU_FIRST}",
+                       used=list(cpu_used.get(m, []))) for m, rep in groups.items() if rep == index]
 
 
 def same_path(cases: list[Call], groups: dict, index: int, result: CaseResult, name: str,

@@ -19,7 +19,7 @@ META_NOTE = ("fake-cuda: the device check: your code run as if on a GPU where no
              "mask, ...) and gives its result to the others; code whose control flow needs values "
              "(`.item()`, `if t.any():`) is credited unchecked, and the case says so. It carries 20% of "
              "each exercise's points (a written answer is not run there), "
-             "credited only for cases correct on the CPU.")
+             "credited only for cases correct on the CPU (a code path that fails there is not run).")
 
 
 def plural(n: int, word: str) -> str:
