@@ -127,12 +127,11 @@ class Grader:
         return [c for ex in chapter.exercises for c in
                 self.references.cases(chapter.id, ex.name, self.seed, self.quick) if c.capped_memory]
 
-    def _memory_first(self, todo, sandboxes, deadline, jobs: int) -> dict:
+    def _memory_first(self, todo, sandboxes, deadline) -> dict:
         """chapter id -> its memory cases, already run, for every submitted chapter that has
         some: before any other chapter of the student starts, so that no process of theirs
         runs beside the capped child (one that could compute for it, through /tmp, beyond its
-        cap). The capped child has the `jobs` cores that the chapters will share to itself: as
-        many torch threads. Their cells are the notebook's `ParsedSubmission`, which its chapter's grading
+        cap). Their cells are the notebook's `ParsedSubmission`, which its chapter's grading
         reads from them. A notebook that cannot be read is left to that grading to report."""
         from ..source.submission import ParsedSubmission
 
@@ -143,7 +142,7 @@ class Grader:
                 continue
             try:
                 memory = self.memory_cases(ParsedSubmission.read(notebook), chapter, sandboxes, deadline)
-                memory.run_first(threads=max(jobs, self.limits.threads))
+                memory.run_first()
             except Exception:  # (not fatal: the chapter runs them itself then)
                 continue
             first[chapter_id] = memory
@@ -308,7 +307,7 @@ class Grader:
                     self.references.warm(submitted, ["cuda"], self.seed, self.quick)
             with self.references.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
-                first = self._memory_first(todo, sandboxes, deadline, jobs) if jobs > 1 else {}
+                first = self._memory_first(todo, sandboxes, deadline) if jobs > 1 else {}
                 # Later chapters first: they build on the earlier ones and take longest, so
                 # the short ones fill in at the end instead of one long chapter running alone.
                 done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline, first.get(item[0])),

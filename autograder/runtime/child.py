@@ -132,6 +132,7 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     _MAIN_PID = os.getpid()
     import torch
 
+    torch.set_num_threads(max(1, int(config.get("threads", 1))))
     _stub_selfcheck()
     from ..shared import protocol as p
     from ..shared.wire import FrameReader, WireError

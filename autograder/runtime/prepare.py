@@ -78,18 +78,9 @@ def set_limits(config: dict) -> None:
     try:
         import resource
     except ImportError:  # not on Linux/macOS
-        if config.get("threads"):
-            start_threads(max(1, int(config["threads"])))
         return
     rlimits = dict(config["rlimits"])
     headroom = config.get("data_headroom")
-    filtered = False
-    if headroom:  # first: a filter binds the threads started after it, not those already there
-        from .confine import no_hidden_memory
-
-        filtered = no_hidden_memory()
-    if config.get("threads"):
-        start_threads(max(1, int(config["threads"])))
     if headroom:  # the memory case's child (autograder.session.memory_case): this much beyond what it
         # holds now (torch included), counted over every mapping (RLIMIT_AS sees shared and
         # file-backed ones, which RLIMIT_DATA does not), with no GPU (its cases run on the CPU)
@@ -108,7 +99,7 @@ def set_limits(config: dict) -> None:
         except (ValueError, OSError):
             pass
     if headroom:
-        confine_memory_case(resource, rlimits["AS"], filtered)
+        confine_memory_case(resource, rlimits["AS"])
     nproc = config.get("nproc")
     res = getattr(resource, "RLIMIT_NPROC", None)
     if nproc and res is not None and os.getuid() != 0:
@@ -143,29 +134,14 @@ def cuda_fraction(fraction) -> None:
 MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that could not be confined
 
 
-def start_threads(threads: int) -> None:
-    """torch's intra-op threads; more than one are started now, before `set_limits` measures
-    what the child holds, so their stacks are part of that, not of a memory case's headroom.
-    One malloc arena for every thread (glibc's M_ARENA_MAX), so a thread's first allocation
-    later reserves no arena of its own (64 MiB of address space) out of that headroom either."""
-    import torch
+def confine_memory_case(resource, address_space: int) -> None:
+    """The memory case's child refuses shared anonymous memory, memfd_create, shmget and
+    sockets (`confine.no_hidden_memory`), then checks that its address-space cap and that
+    filter are in place; where either is not, it exits before any student code runs, so a
+    memory case is never credited where memory went unmeasured."""
+    from .confine import no_hidden_memory
 
-    torch.set_num_threads(threads)
-    if threads > 1:
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).mallopt(-8, 1)  # M_ARENA_MAX (glibc; elsewhere missing)
-        except Exception:
-            pass
-        torch.ones(1 << 17, dtype=torch.float64).exp_()  # (large enough to be split)
-
-
-def confine_memory_case(resource, address_space: int, filtered: bool) -> None:
-    """The memory case's child has refused shared anonymous memory, memfd_create, shmget and
-    sockets (`confine.no_hidden_memory`, `filtered`: whether it took); this checks that its
-    address-space cap and that filter are in place; where either is not, it exits before any
-    student code runs, so a memory case is never credited where memory went unmeasured."""
+    filtered = no_hidden_memory()
     try:
         capped = resource.getrlimit(resource.RLIMIT_AS)[1] <= address_space
     except (ValueError, OSError):

@@ -21,7 +21,7 @@ class Child:
     """
 
     def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str,
-                 data_headroom: int = 0, threads: int | None = None):
+                 data_headroom: int = 0):
         if str(mode) not in ("container", "fallback"):
             raise ValueError(f"a {mode} child is forked from a warm sandbox (sandbox.warm)")
         self.mode, self.limits, self.token = mode, limits, token
@@ -38,8 +38,6 @@ class Child:
         config = policy.child_config(token)
         if data_headroom:
             config["data_headroom"] = int(data_headroom)
-        if threads:
-            config["threads"] = int(threads)
         argv = python_argv(policy.runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
         try:
             self.proc = subprocess.Popen(

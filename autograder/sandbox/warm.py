@@ -285,15 +285,14 @@ class WarmSandbox(_Controlled):
         else:
             super()._on_message(message)
 
-    def fork(self, token: str, data_headroom: int = 0, threads: int | None = None) -> "ForkedChild":
+    def fork(self, token: str, data_headroom: int = 0) -> "ForkedChild":
         """A fresh child for one chapter, forked from the warm worker (with `data_headroom`,
-        its memory capped that far above what it holds when it starts; `threads`: its torch
-        threads, if not `Limits.threads`)."""
+        its memory capped that far above what it holds when it starts)."""
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
-            config = {"threads": threads or self.limits.threads, "cuda_fraction": self.limits.gpu_share}
+            config = {"threads": self.limits.threads, "cuda_fraction": self.limits.gpu_share}
             if data_headroom:
                 config["data_headroom"] = int(data_headroom)
             # (the first chapter's Fork also waits for the imports the warm worker leaves until

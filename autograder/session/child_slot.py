@@ -26,13 +26,11 @@ class ChildSlot:
         sandboxes: the student's `SandboxPool` (bubblewrap, container as root; else None).
         hidden: what the child must not see (`policy.hidden_paths`), for a new process.
         headroom: RLIMIT_DATA above the child's start (memory cases), or 0.
-        threads: the child's torch threads, if not `limits.threads`.
     """
 
-    def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int,
-                 threads: int | None = None):
+    def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int):
         self.mode, self.limits, self.pool = mode, limits, sandboxes
-        self.hidden, self.headroom, self.threads = hidden, headroom, threads
+        self.hidden, self.headroom = hidden, headroom
         self.box = None  # the warm sandbox the children are forked from (with a pool)
         self.child: Child | None = None
         self.channel: Channel | None = None
@@ -83,8 +81,7 @@ class ChildSlot:
         if self.pool is None:
             if self.workdir:  # (the container mode removes a killed child's files: its folder too)
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
-            return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom,
-                         self.threads)
+            return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom)
         if self.box is not None and not self.box.alive():
             self._give_back()  # killed by what the student did: start a new one
         if self.box is None:
@@ -94,7 +91,7 @@ class ChildSlot:
             self._give_back()
             return why
         try:
-            return self.box.fork(token, self.headroom, self.threads)
+            return self.box.fork(token, self.headroom)
         except SandboxDied as e:
             self._give_back()
             return f"the grading process could not be started ({e})"

@@ -37,18 +37,16 @@ class MemoryCases:
         self.outcomes: dict[tuple, Outcome] = {}
         self.ran = False
 
-    def run_first(self, threads: int | None = None) -> None:
-        """Run the memory cases now. `threads`: their torch threads, where nothing else of the
-        student runs meanwhile (the cores the chapters will share; `Grader._memory_first`)."""
+    def run_first(self) -> None:
         if self.ran or not self.calls:
             return
         self.ran = True
-        self.outcomes.update(zip(map(_key, self.calls), self._run(self.calls, threads)))
+        self.outcomes.update(zip(map(_key, self.calls), self._run(self.calls)))
 
-    def _run(self, calls: list[Call], threads: int | None = None) -> list[Outcome]:
+    def _run(self, calls: list[Call]) -> list[Outcome]:
         from .student_session import StudentSession
 
-        with StudentSession(self.cells, memory_capped=True, threads=threads, **self.session_args) as session:
+        with StudentSession(self.cells, memory_capped=True, **self.session_args) as session:
             run = session.start()
             if run.error:
                 why = f"the memory-capped process could not run the notebook: {run.error}"

@@ -16,7 +16,6 @@ in capped children (the design before) loses its cases; graded now, 28/28.
 from __future__ import annotations
 
 import json
-import re
 import os
 import shutil
 import subprocess
@@ -375,50 +374,3 @@ def test_no_process_of_the_student_runs_beside_the_capped_child(tmp_path):
     ch7 = next(c for c in result.chapters if c.chapter == CH)
     cases = online_cases(ch7.tests)
     assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
-
-
-# What the memory case's child gives the student's call: its torch threads, its room under the
-# address-space cap, and the seccomp filters of each of its threads.
-PROBE = '''
-import resource, torch
-_honest = online_softmax_attention
-
-def _status(path, key):
-    with open(path) as f:
-        return int(next(line for line in f if line.startswith(key)).split()[1])
-
-def online_softmax_attention(q, k, v, mask=None, block_size=64):
-    if k.shape[-2] < 4096:
-        return _honest(q, k, v, mask, block_size)
-    import os
-    room = resource.getrlimit(resource.RLIMIT_AS)[0] - _status("/proc/self/status", "VmSize:") * 1024
-    filters = sorted({_status(f"/proc/self/task/{t}/status", "Seccomp_filters:") for t in os.listdir("/proc/self/task")})
-    raise RuntimeError(f"PROBE threads={torch.get_num_threads()} tasks={len(os.listdir('/proc/self/task'))} "
-                       f"room={room >> 20} filters={filters}")
-'''
-
-
-def _probe(path: Path, jobs: int) -> dict:
-    (chapter,) = Grader(device="cpu").grade_path(path, jobs=jobs).chapters
-    (memory,) = [c for c in online_cases(chapter.tests) if c.case.startswith("memory")]
-    found = re.search(r"PROBE threads=(\d+) tasks=(\d+) room=(\d+) filters=\[([\d, ]+)\]", memory.message)
-    assert found, memory.message
-    threads, tasks, room, filters = found.groups()
-    return {"threads": int(threads), "tasks": int(tasks), "room": int(room), "filters": filters.split(", ")}
-
-
-@pytest.mark.needs_bwrap
-def test_the_memory_case_run_first_has_the_chapters_cores_and_the_same_room(tmp_path):
-    """`grade` runs the memory case first, alone, with as many torch threads as chapters it will
-    grade at once (its cores idle otherwise). Those threads are started before the cap is
-    measured and after the memory case's filter: the student's room under the cap is what one
-    thread has (within 2 MiB), and every thread of the child has the same filters."""
-    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
-    path = tmp_path / f"{CH}.ipynb"
-    nbformat.write(nb, path)
-    alone, one = _probe(path, jobs=2), _probe(path, jobs=1)
-    assert (alone["threads"], one["threads"]) == (2, 1)
-    assert alone["tasks"] >= 2 and len(alone["filters"]) == 1, alone
-    assert abs(alone["room"] - one["room"]) <= 2, (alone, one)
-    assert 150 <= one["room"] <= 192, one
