@@ -132,7 +132,10 @@ class Grader:
         some: before any other chapter of the student starts, so that no process of theirs
         runs beside the capped child (one that could compute for it, through /tmp, beyond its
         cap). Their cells are the notebook's `ParsedSubmission`, which its chapter's grading
-        reads from them. A notebook that cannot be read is left to that grading to report."""
+        reads from them. A notebook that cannot be read is left to that grading to report.
+        The capped child has one torch thread, as every child: with two (tried, stop 40), each
+        of its thousands of parallel regions waited for the other thread wherever the machine
+        was busy, and the reference's case passed its 10 s timeout."""
         from ..source.submission import ParsedSubmission
 
         first = {}

@@ -78,7 +78,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     cases = references.cases(chapter.id, ex.name, seed, quick)
     tests, forbidden_seen = [], set(static.forbidden_names if static else ())
     cpu_passed: dict[int, bool] = {}
-    cpu_used: dict[int, list] = {}  # (a device row is not recorded: `execute`)
+    cpu_rows: dict[int, CaseResult] = {}  # (what a device row uses is its CPU row's: `execute` records none)
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
     missing = False  # the CPU test stopped on a name the notebook does not define
     for device, share in exercise_tests(ex, devices):
@@ -94,7 +94,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                     test.cases += same_path(cases, groups, index, skipped, c.case, cpu_passed)
                 continue
             if device in DEVICE_CHECKS and not missing and path_failed_on_cpu(groups, index, cpu_passed):
-                test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_used)
+                test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_rows)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
             student = run(c)
@@ -105,9 +105,9 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 m = _static_inplace(static, notebook, c)
             result = _case_result(c, device, student, expected, verdict, m)
             if device == "cpu":
-                cpu_used[index] = result.used
+                cpu_rows[index] = result
             else:
-                result.used = list(cpu_used.get(index, result.used))
+                result.used = list(cpu_rows[index].used if index in cpu_rows else result.used)
             if m and m.aspect in STOPPING_ASPECTS:
                 stop = m
             twins = same_path(cases, groups, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []

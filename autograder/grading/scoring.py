@@ -31,11 +31,21 @@ def path_failed_on_cpu(groups: dict, index: int, cpu_passed: dict) -> bool:
 
 
 def not_run_for_cpu(cases: list[Call], groups: dict, index: int, device: str, dtype: str,
-                    cpu_used: dict) -> list[CaseResult]:
+                    cpu_rows: dict) -> list[CaseResult]:
     """The device check's results of a code path that failed on the CPU (`path_failed_on_cpu`),
-    not run: one for each of its cases, in the order a run gives them."""
-    return [CaseResult(cases[m].case, device, dtype, False, "cpu", f"not run: {CPU_FIRST}",
-                       used=list(cpu_used.get(m, []))) for m, rep in groups.items() if rep == index]
+    not run: one for each of its cases, in the order a run gives them. A case whose code is
+    still the exercise's stub says so, as its CPU row does."""
+    out = []
+    for m, rep in groups.items():
+        if rep != index:
+            continue
+        cpu = cpu_rows.get(m)
+        row = CaseResult(cases[m].case, device, dtype, False, "cpu", f"not run: {CPU_FIRST}",
+                         used=list(cpu.used) if cpu else [])
+        if cpu is not None and cpu.not_implemented:
+            row.aspect, row.message, row.not_implemented = cpu.aspect, cpu.message, True
+        out.append(row)
+    return out
 
 
 def same_path(cases: list[Call], groups: dict, index: int, result: CaseResult, name: str,

@@ -95,9 +95,14 @@ def test_cases_the_cpu_never_ran_earn_no_device_credit():
     assert all(rep == groups[0] or rep not in ran for rep in ran)
 
 
-def test_a_stub_runs_no_device_check_and_says_why():
+def test_a_stub_runs_no_device_check_and_its_rows_say_it_is_the_stub():
+    """Untouched, the exercise raises NotImplementedError: nothing runs on the device, and its
+    device rows say what its CPU rows say (as the rows of a run did)."""
     cases, tests, ran = _grade(exercise_namespace(CH))
     assert ran == []
-    assert all("NotImplementedError" in r.message for r in tests["cpu"].cases)
-    assert all(r.message.startswith("not run: this case fails on the CPU") for r in tests["fake-cuda"].cases)
+    cpu = {r.case: r for r in tests["cpu"].cases}
+    assert all(r.not_implemented and "NotImplementedError" in r.message for r in cpu.values())
+    device = tests["fake-cuda"].cases
+    assert len(device) == len(device_check_groups(cases))
+    assert all(r.not_implemented and not r.passed and r.message == cpu[r.case].message for r in device)
 
