@@ -137,19 +137,43 @@ MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that cou
 def confine_memory_case(resource, address_space: int) -> None:
     """The memory case's child refuses shared anonymous memory, memfd_create, shmget and
     sockets (`confine.no_hidden_memory`), then checks that its address-space cap and that
-    filter are in place; where either is not, it exits before any student code runs, so a
+    filter are in place, the filter on every thread; where either is not, it exits before any student code runs, so a
     memory case is never credited where memory went unmeasured."""
     from .confine import no_hidden_memory
 
-    filtered = no_hidden_memory()
+    filtered = no_hidden_memory() and every_thread_filtered()
     try:
         capped = resource.getrlimit(resource.RLIMIT_AS)[1] <= address_space
     except (ValueError, OSError):
         capped = False
     if not (filtered and capped):
         os.write(2, b"the memory case cannot be measured here: "
-                    + (b"no seccomp filter" if not filtered else b"no address-space limit") + b"\n")
+                    + (b"no seccomp filter on every thread" if not filtered else b"no address-space limit") + b"\n")
         os._exit(MEMORY_CASE_UNCONFINED)
+
+
+def every_thread_filtered() -> bool:
+    """Whether every thread of this process has the seccomp filters this one has. A filter
+    installed with prctl binds the calling thread and the threads it starts later, not those
+    already running: a thread that a library started at import (OpenBLAS's pool, before the
+    environment kept it from doing so) could map shared memory beside the memory case's cap."""
+    def filters(status: str):
+        with open(status) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        # (Seccomp_filters, Linux 5.9+: how many; else Seccomp: 2 where any filter is)
+        return (fields.get("Seccomp_filters") or fields.get("Seccomp", "")).strip()
+
+    try:
+        mine = filters("/proc/thread-self/status")
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if filters(f"/proc/self/task/{tid}/status") != mine:
+                    return False
+            except FileNotFoundError:  # (a thread that has just ended)
+                continue
+    except OSError:
+        return False
+    return bool(mine)
 
 
 def status_bytes(key: str) -> int:

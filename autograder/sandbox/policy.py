@@ -156,6 +156,10 @@ def _environment(home: str) -> tuple[tuple[str, str], ...]:
         "PYTHONNOUSERSITE": "1",  # (as -s: no user site-packages, see python_argv)
         "PYTHONIOENCODING": "utf-8:backslashreplace",
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        # No thread pool started by an import (numpy's OpenBLAS starts one as it loads): the
+        # child's seccomp filters bind the threads started after them, not those already there
+        # (`runtime.prepare.every_thread_filtered`). torch's threads: `Limits.threads`.
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
     }
     env.update((key, os.environ[key]) for key in GPU_ENV if key in os.environ)
     return tuple(env.items())

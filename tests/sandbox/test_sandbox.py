@@ -508,6 +508,41 @@ def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
     assert "cannot be measured" in r.stderr
 
 
+def test_a_memory_case_child_with_a_thread_older_than_its_filter_never_runs_student_code():
+    """A thread started before the filter (as OpenBLAS starts its pool when numpy is imported)
+    does not have it, and could map the shared memory the filter refuses: the child exits
+    before any student code (reviewer's finding, stop 40: the fallback mode's child had one)."""
+    code = ("import threading, autograder.runtime.prepare as w\n"
+            "stop = threading.Event(); threading.Thread(target=stop.wait, daemon=True).start()\n"
+            "w.set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
+            "print('student code ran')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    from autograder.runtime.prepare import MEMORY_CASE_UNCONFINED
+
+    assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout, r.stdout + r.stderr
+    assert "no seccomp filter on every thread" in r.stderr
+
+
+PROBE_THREADS = """import os
+def _filters(tid):
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return next(line.split()[1] for line in f if line.startswith("Seccomp_filters:"))
+print(sorted({_filters(t) for t in os.listdir("/proc/self/task")}), len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_thread_of_the_memory_case_child_has_its_filters(mode):
+    """Where student code runs in the memory case's child, in every mode, each of its threads
+    has the same filters (no library pool started before them), and it runs at all."""
+    with lone_session([PROBE_THREADS], Limits(**FAST), sandbox=mode, memory_capped=True) as s:
+        report = s.start()
+        assert report.error is None and report.cells[0].status == "ok", (report.error, report.cells)
+        filters, tasks = report.cells[0].output.strip().rsplit(" ", 1)
+        assert filters.count("'") == 2 and int(tasks) >= 1, report.cells[0].output  # one count for all
+
+
 def test_the_memory_case_filter_refuses_hidden_memory_and_sockets():
     """confine.no_hidden_memory in a child process: private mappings and file mappings still
     work (torch needs them); shared anonymous ones, memfd_create and socket do not."""
