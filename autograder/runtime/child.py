@@ -132,7 +132,10 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     _MAIN_PID = os.getpid()
     import torch
 
-    torch.set_num_threads(max(1, int(config.get("threads", 1))))
+    # The memory case's child has one thread, whatever Limits.threads says: a second would start
+    # here, before its seccomp filter (`prepare.every_thread_filtered` would then stop it), and
+    # under load two threads made the case slower than its timeout (stop 40).
+    torch.set_num_threads(1 if config.get("data_headroom") else max(1, int(config.get("threads", 1))))
     _stub_selfcheck()
     from ..shared import protocol as p
     from ..shared.wire import FrameReader, WireError

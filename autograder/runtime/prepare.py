@@ -157,23 +157,27 @@ def every_thread_filtered() -> bool:
     installed with prctl binds the calling thread and the threads it starts later, not those
     already running: a thread that a library started at import (OpenBLAS's pool, before the
     environment kept it from doing so) could map shared memory beside the memory case's cap."""
-    def filters(status: str):
+    def filters(status: str) -> str | None:
         with open(status) as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        # (Seccomp_filters, Linux 5.9+: how many; else Seccomp: 2 where any filter is)
-        return (fields.get("Seccomp_filters") or fields.get("Seccomp", "")).strip()
+            for line in f:
+                if line.startswith("Seccomp_filters:"):  # (Linux 5.9+)
+                    return line.split(":", 1)[1].strip()
+        return None
 
     try:
+        tasks = os.listdir("/proc/self/task")
         mine = filters("/proc/thread-self/status")
-        for tid in os.listdir("/proc/self/task"):
+        if mine is None:  # (an older kernel, gVisor: the count is not shown, so one thread only)
+            return len(tasks) == 1
+        for tid in tasks:
             try:
                 if filters(f"/proc/self/task/{tid}/status") != mine:
                     return False
-            except FileNotFoundError:  # (a thread that has just ended)
+            except (FileNotFoundError, ProcessLookupError):  # (a thread that has just ended)
                 continue
     except OSError:
         return False
-    return bool(mine)
+    return mine != "0"
 
 
 def status_bytes(key: str) -> int:
