@@ -482,6 +482,7 @@ def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
                         or held.__setitem__(res, value))
     monkeypatch.setattr(resource, "getrlimit", lambda res: held.get(res, (resource.RLIM_INFINITY,) * 2))
     monkeypatch.setattr(confine, "no_hidden_memory", lambda: events.append("filter") or True)
+    monkeypatch.setattr(worker, "every_thread_filtered", lambda: True)  # (this test process has no filter)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     worker.set_limits({"rlimits": {"DATA": None, "AS": 8 << 30}, "data_headroom": 64 << 20})
     assert ("limit", resource.RLIMIT_DATA, ((1 << 30) + (64 << 20),) * 2) in events
