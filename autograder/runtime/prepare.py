@@ -137,8 +137,8 @@ MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that cou
 def confine_memory_case(resource, address_space: int) -> None:
     """The memory case's child refuses shared anonymous memory, memfd_create, shmget and
     sockets (`confine.no_hidden_memory`), then checks that its address-space cap and that
-    filter are in place, the filter on every thread; where either is not, it exits before any student code runs, so a
-    memory case is never credited where memory went unmeasured."""
+    filter are in place, the filter on every thread; where either is not, it exits before any
+    student code runs, so a memory case is never credited where memory went unmeasured."""
     from .confine import no_hidden_memory
 
     filtered = no_hidden_memory() and every_thread_filtered()
@@ -147,8 +147,8 @@ def confine_memory_case(resource, address_space: int) -> None:
     except (ValueError, OSError):
         capped = False
     if not (filtered and capped):
-        os.write(2, b"the memory case cannot be measured here: "
-                    + (b"no seccomp filter on every thread" if not filtered else b"no address-space limit") + b"\n")
+        why = b"no seccomp filter on every thread" if not filtered else b"no address-space limit"
+        os.write(2, b"the memory case cannot be measured here: " + why + b"\n")
         os._exit(MEMORY_CASE_UNCONFINED)
 
 

@@ -26,6 +26,7 @@ from autograder.sandbox.policy import sandbox_policy
 from autograder.sandbox.visibility import PACKAGE_DIR, REPO_DIR
 from autograder.sandbox.limits import Limits
 from autograder.sandbox.modes import probe_bubblewrap
+from autograder.runtime.prepare import MEMORY_CASE_UNCONFINED
 from autograder.session.student_session import StudentSession
 from session_helpers import lone_session
 from test_notebook import _nb
@@ -494,17 +495,21 @@ def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
     assert "filter" not in events and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
 
 
+def _memory_case_child(setup: str) -> subprocess.CompletedProcess:
+    """A fresh Python that runs `setup`, confines itself as a memory case's child does, then
+    stands for student code (it prints "student code ran")."""
+    code = (setup + "import autograder.runtime.prepare as w\n"
+            "w.set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
+            "print('student code ran')\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+
+
 def test_a_memory_case_child_that_cannot_be_confined_never_runs_student_code():
     """Where the filter cannot be installed, the child exits (MEMORY_CASE_UNCONFINED) before
     any student code: a memory case is never credited where memory went unmeasured."""
-    code = ("import resource, autograder.runtime.confine as c, autograder.runtime.prepare as w\n"
-            "c.no_hidden_memory = lambda: False\n"
-            "w.set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
-            "print('student code ran')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    from autograder.runtime.prepare import MEMORY_CASE_UNCONFINED
-
+    r = _memory_case_child("import autograder.runtime.confine as c\n"
+                           "c.no_hidden_memory = lambda: False\n")
     assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout
     assert "cannot be measured" in r.stderr
 
@@ -513,14 +518,8 @@ def test_a_memory_case_child_with_a_thread_older_than_its_filter_never_runs_stud
     """A thread started before the filter (as OpenBLAS starts its pool when numpy is imported)
     does not have it, and could map the shared memory the filter refuses: the child exits
     before any student code (reviewer's finding, stop 40: the fallback mode's child had one)."""
-    code = ("import threading, autograder.runtime.prepare as w\n"
-            "stop = threading.Event(); threading.Thread(target=stop.wait, daemon=True).start()\n"
-            "w.set_limits({'rlimits': {}, 'data_headroom': 64 << 20})\n"
-            "print('student code ran')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    from autograder.runtime.prepare import MEMORY_CASE_UNCONFINED
-
+    r = _memory_case_child("import threading\n"
+                           "stop = threading.Event(); threading.Thread(target=stop.wait, daemon=True).start()\n")
     assert r.returncode == MEMORY_CASE_UNCONFINED and "student code ran" not in r.stdout, r.stdout + r.stderr
     assert "no seccomp filter on every thread" in r.stderr
 
