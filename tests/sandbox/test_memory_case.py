@@ -1,7 +1,7 @@
 """The memory case, measured so that nothing hides from it, and capped only where it is measured.
 
 Each attack is a student's chapter 7 notebook whose `online_softmax_attention` holds the whole
-L_q x L_k score matrix (512 MiB in the memory case) where RLIMIT_DATA does not count it: an
+L_q x L_k score matrix (256 MiB in the memory case) where RLIMIT_DATA does not count it: an
 anonymous shared mapping (`mmap.mmap(-1, n)`, M1 of issue 27), a memfd, files in /dev/shm or
 /tmp mapped shared. Before: each scored the memory case (10/10 on the exercise). Now the memory
 case's child has its address space capped and a seccomp filter (`confine.no_hidden_memory`):
@@ -26,6 +26,7 @@ import nbformat
 import pytest
 
 from autograder.grading.grader import Grader, grade_chapter
+from autograder.sandbox.limits import Limits
 from autograder.source.notebook import notebook_cells
 from autograder.shared.contract import CHAPTERS
 from session_helpers import lone_session
@@ -146,9 +147,9 @@ def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path
     assert memory.message.startswith(("the call ran out of memory", "refused: the memory case")), memory.message
 
 
-# The whole L_q x L_k scores of one batch element at a time (2^25 scores: 256 MiB in the case's
-# float64), the honest solution everywhere else. A float32 case (stop 39, backed out) let this
-# through: 128 MiB fit under the cap.
+# The whole L_q x L_k scores of one batch element at a time (2^24 scores: 128 MiB in the case's
+# float64, against a 96 MiB cap), the honest solution everywhere else. A float32 case (stop 39,
+# backed out) let this through: half of that fit under the cap.
 PER_ELEMENT = '''
 import math, torch
 _honest = online_softmax_attention
@@ -215,8 +216,13 @@ def _reference_namespace() -> dict:
 
 
 @pytest.mark.needs_bwrap
-def test_the_honest_solution_keeps_the_memory_case():
-    (chapter,) = Grader(device="cpu").grade_path(REPO / "solutions" / f"{CH}.ipynb").chapters
+@pytest.mark.parametrize("share", [1, 2 / 3])
+def test_the_honest_solution_keeps_the_memory_case(share):
+    """Under the cap, and with a third of it to spare: the reference needs about 44 of the
+    96 MiB (it fails under 40 MiB; stop 41), so honest code that keeps a few more block-sized
+    temporaries has room. (The whole score matrix is 256 MiB, one batch element's 128 MiB.)"""
+    limits = Limits.from_env(memory_case=int(Limits.from_env().memory_case * share))
+    (chapter,) = Grader(device="cpu", limits=limits).grade_path(REPO / "solutions" / f"{CH}.ipynb").chapters
     cases = online_cases(chapter.tests)
     assert all(c.passed for c in cases), [(c.case, c.message) for c in cases if not c.passed]
     assert chapter.score == chapter.max_score

@@ -8,9 +8,10 @@ import torch
 
 from ...grading import compare as generic
 from ...grading.compare import Mismatch
+from ...sandbox.limits import Limits, MiB
 
 
-_CAP_WORDS = "192 MiB (Limits.memory_case)"
+_CAP_WORDS = f"{Limits.from_env().memory_case / MiB:g} MiB (Limits.memory_case)"
 
 
 def _scores_size(call) -> str:
