@@ -95,18 +95,28 @@ def _live_of_uid(uid: int):
     from one reading of each status. A zombie runs nothing, and where PID 1 does not reap,
     zombies would make every `kill_uid` and sweep run all their rounds; but a "zombie" whose
     other threads still run (its main thread ended with the raw exit syscall) is live: killing
-    it kills them."""
-    for pid in proc_table():
+    it kills them. (The Uid line is looked at first: the other processes' fields are not
+    parsed, and this runs before every chapter and at every student's end.)"""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    wanted = str(uid)
+    for e in entries:
+        if not e.isdigit():
+            continue
         try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            if str(uid) not in fields["Uid"].split()[:2]:
+            with open(f"/proc/{e}/status") as f:
+                text = f.read()
+            at = text.index("\nUid:") + 5
+            if wanted not in text[at:text.index("\n", at)].split()[:2]:
                 continue
+            fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
             if fields["State"].split()[0] == "Z" and int(fields.get("Threads", "1")) <= 1:
                 continue
         except (OSError, KeyError, ValueError, IndexError):
             continue
-        yield pid, fields
+        yield int(e), fields
 
 
 def parents_of_uid(uid: int) -> dict[int, int]:
@@ -128,12 +138,18 @@ def pids_of_uid(uid: int) -> set[int]:
 
 def kill_uid(uid: int, rounds: int = 20) -> None:
     """Stop, then kill, every process of `uid` (a student's own uid: everything they started,
-    wherever it went), round after round until none is left (at most `rounds`)."""
+    wherever it went), round after round until a round finds none it has not killed already
+    (at most `rounds`). A killed process runs no more code, so it cannot start another; one
+    started before the kill reached its parent is new in the next round. (Waiting for the
+    killed ones to be gone as well made each student's end spin through all 20 rounds while
+    their namespaces were torn down: 0.13 s of a batch worker's CPU a student.)"""
+    killed: set[int] = set()
     for _ in range(rounds):
-        pids = pids_of_uid(uid) - {os.getpid()}
+        pids = pids_of_uid(uid) - {os.getpid()} - killed
         if not pids:
             return
         for pid in pids:
             send(pid, signal.SIGSTOP)
         for pid in pids:
             send(pid, signal.SIGKILL)
+        killed |= pids

@@ -222,3 +222,49 @@ def test_a_process_whose_main_thread_ended_while_another_runs_is_still_killed(tm
     finally:
         p.kill()
         p.wait()
+
+
+def test_kill_uid_stops_at_the_first_round_that_finds_nothing_new(monkeypatch):
+    """A process already killed but not yet gone (a student's namespaces being torn down) is
+    not a reason for another round: before, each student's end spun through all 20 rounds."""
+    from autograder.runtime import procs
+
+    scans, signals = [], []
+    monkeypatch.setattr(procs, "pids_of_uid", lambda uid: scans.append(uid) or {4242, 4243})
+    monkeypatch.setattr(procs, "send", lambda pid, sig: signals.append((pid, sig)))
+    procs.kill_uid(12345)
+    assert len(scans) == 2 and sorted(signals) == [(4242, 9), (4242, 19), (4243, 9), (4243, 19)]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="a uid of its own needs root")
+def test_kill_uid_leaves_nothing_of_a_process_that_keeps_forking_away():
+    """The runaway a student would write: a process that forks and exits over and over, so its
+    pid keeps changing. Every process it became is found and killed: nothing of the uid is left."""
+    from autograder.runtime import procs
+    from autograder.sandbox import uids
+
+    lease = uids.lease()
+    try:
+        pid = os.fork()
+        if pid == 0:  # (no exec: the leased uid may not read this Python's folder)
+            try:
+                os.setgid(lease.uid)
+                os.setuid(lease.uid)
+                while True:
+                    if os.fork():
+                        os._exit(0)
+                    time.sleep(0.002)
+            finally:
+                os._exit(1)
+        os.waitpid(pid, 0)  # (it forked away at once: the runaway is its descendants now)
+        time.sleep(0.2)
+        assert procs.pids_of_uid(lease.uid), "the runaway did not start"
+        procs.kill_uid(lease.uid)
+        deadline = time.monotonic() + 5
+        while procs.pids_of_uid(lease.uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not procs.pids_of_uid(lease.uid)
+    finally:
+        for _ in range(3):
+            procs.kill_uid(lease.uid)
+        lease.release()
