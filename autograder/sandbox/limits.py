@@ -57,7 +57,7 @@ class Limits:
         'captured stdout+stderr kept per session start / per call'))
     result_cap: int = field(default=256 * MiB, metadata=_student(
         'largest result frame accepted from the child'))
-    memory_case: int = field(default=96 * MiB, metadata=_student(
+    memory_case: int = field(default=192 * MiB, metadata=_student(
         'a memory case (Call.capped_memory) runs in a child of its own that may allocate this much beyond'
         " what it holds at its start, the notebook's cells included (hard RLIMIT_DATA and RLIMIT_AS, set "
         'before any student code runs: the kernel, not the student, enforces it; see '

@@ -194,7 +194,7 @@ def test_the_whole_score_matrix_fails_only_the_memory_cases_and_says_why():
 
 
 def test_the_memory_case_runs_on_the_cpu_only():
-    """The meta device holds no memory to cap: running the 2^25-score case there checked
+    """The meta device holds no memory to cap: running the 2^26-score case there checked
     nothing the small cases do not, and cost a third of a second of meta kernels a student.
     Nor does CUDA run it: its child is capped with no GPU visible, and on a real GPU (H100,
     stop 37) the reference's CUDA memory case failed there ("Error 2: out of memory" from

@@ -536,7 +536,7 @@ def test_a_helper_that_escapes_its_chapter_is_gone_before_the_memory_case_runs()
     """Reviewer's finding (stop 37): in the container mode a chapter forked a helper, wiped its
     environment (the token the kill looks for) and killed its own warm worker; the helper went
     to init, out of every subreaper's reach, and ran beside the memory case's capped child until
-    the student was done (it could compute the 2^25 scores for it through the shared folder).
+    the student was done (it could compute the 2^26 scores for it through the shared folder).
     Now the pool kills every process of the student's uid that is not below a live worker
     before a chapter starts (`SandboxPool._sweep`): the memory case finds none but its own."""
     from autograder.sandbox.modes import SandboxChoice, SandboxMode

@@ -1,7 +1,7 @@
 """The memory case, measured so that nothing hides from it, and capped only where it is measured.
 
 Each attack is a student's chapter 7 notebook whose `online_softmax_attention` holds the whole
-L_q x L_k score matrix (256 MiB in the memory case) where RLIMIT_DATA does not count it: an
+L_q x L_k score matrix (512 MiB in the memory case) where RLIMIT_DATA does not count it: an
 anonymous shared mapping (`mmap.mmap(-1, n)`, M1 of issue 27), a memfd, files in /dev/shm or
 /tmp mapped shared. Before: each scored the memory case (10/10 on the exercise). Now the memory
 case's child has its address space capped and a seccomp filter (`confine.no_hidden_memory`):
@@ -147,9 +147,9 @@ def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path
     assert memory.message.startswith(("the call ran out of memory", "refused: the memory case")), memory.message
 
 
-# The whole L_q x L_k scores of one batch element at a time (2^24 scores: 128 MiB in the case's
-# float64, against a 96 MiB cap), the honest solution everywhere else. A float32 case (stop 39,
-# backed out) let this through: half of that fit under the cap.
+# The whole L_q x L_k scores of one batch element at a time (2^25 scores: 256 MiB in the case's
+# float64), the honest solution everywhere else. A float32 case (stop 39, backed out) let this
+# through: 128 MiB fit under the cap.
 PER_ELEMENT = '''
 import math, torch
 _honest = online_softmax_attention
@@ -215,14 +215,29 @@ def _reference_namespace() -> dict:
     return ns
 
 
+# What an honest notebook's cells hold counts against the cap (it is set before they run again
+# in the capped child: a cell could otherwise reserve address space there and free it during the
+# case). Ordinary imports are tens of MiB: the book's own matplotlib and IPython.display.
+HONEST_CELLS = {"solution alone": "", "plotting imports": (
+    "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+    "from IPython.display import display, Markdown\n")}
+
+
 @pytest.mark.needs_bwrap
-@pytest.mark.parametrize("share", [1, 2 / 3])
-def test_the_honest_solution_keeps_the_memory_case(share):
-    """Under the cap, and with a third of it to spare: the reference needs about 44 of the
-    96 MiB (it fails under 40 MiB; stop 41), so honest code that keeps a few more block-sized
-    temporaries has room. (The whole score matrix is 256 MiB, one batch element's 128 MiB.)"""
+@pytest.mark.parametrize("cells, share", [("solution alone", 1), ("solution alone", 2 / 3),
+                                          ("plotting imports", 1)])
+def test_the_honest_solution_keeps_the_memory_case(tmp_path, cells, share):
+    """Under the cap; the solution alone with a third of it to spare (it needs about 44-56 of
+    the 192 MiB), with the plotting imports too (they need 112-128 MiB). Stop 41 tried half the
+    case under half the cap (96 MiB), and a reviewer found honest notebooks that then failed:
+    the plotting imports (5 of 8 runs), an import of scipy (always), the book's torch.profiler
+    cell (2 of 12)."""
     limits = Limits.from_env(memory_case=int(Limits.from_env().memory_case * share))
-    (chapter,) = Grader(device="cpu", limits=limits).grade_path(REPO / "solutions" / f"{CH}.ipynb").chapters
+    notebook = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(HONEST_CELLS[cells]))
+    nb = tmp_path / f"{CH}.ipynb"
+    nbformat.write(notebook, nb)
+    (chapter,) = Grader(device="cpu", limits=limits).grade_path(nb).chapters
     cases = online_cases(chapter.tests)
     assert all(c.passed for c in cases), [(c.case, c.message) for c in cases if not c.passed]
     assert chapter.score == chapter.max_score
