@@ -95,23 +95,28 @@ def _live_of_uid(uid: int):
     from one reading of each status. A zombie runs nothing, and where PID 1 does not reap,
     zombies would make every `kill_uid` and sweep run all their rounds; but a "zombie" whose
     other threads still run (its main thread ended with the raw exit syscall) is live: killing
-    it kills them. (The Uid line is looked at first: the other processes' fields are not
-    parsed, and this runs before every chapter and at every student's end.)"""
+    it kills them. The status is read as bytes and only the line that begins with "Uid:" is
+    taken: the student names their process (its "Name:" line comes first), and a name with a
+    carriage return, or bytes that are not UTF-8, hid it from a reading as text (reviewer,
+    stop 41). The other processes' fields are not parsed: this runs before every chapter."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return
-    wanted = str(uid)
+    wanted = str(uid).encode()
     for e in entries:
         if not e.isdigit():
             continue
         try:
-            with open(f"/proc/{e}/status") as f:
-                text = f.read()
-            at = text.index("\nUid:") + 5
-            if wanted not in text[at:text.index("\n", at)].split()[:2]:
+            with open(f"/proc/{e}/status", "rb") as f:
+                data = f.read()
+            at = data.index(b"\nUid:") + 5  # (a newline in the name is shown as the two bytes \n)
+            if wanted not in data[at:data.index(b"\n", at)].split()[:2]:
                 continue
-            fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+            fields = {}
+            for line in data.split(b"\n")[1:]:  # (not the name's line)
+                key, _, value = line.partition(b":")
+                fields[key.decode("ascii", "replace")] = value.decode("ascii", "replace").strip()
             if fields["State"].split()[0] == "Z" and int(fields.get("Threads", "1")) <= 1:
                 continue
         except (OSError, KeyError, ValueError, IndexError):
@@ -147,9 +152,32 @@ def kill_uid(uid: int, rounds: int = 20) -> None:
     for _ in range(rounds):
         pids = pids_of_uid(uid) - {os.getpid()} - killed
         if not pids:
-            return
+            break
         for pid in pids:
             send(pid, signal.SIGSTOP)
         for pid in pids:
             send(pid, signal.SIGKILL)
         killed |= pids
+    _kill_all_as(uid)
+
+
+def _kill_all_as(uid: int) -> None:
+    """kill(-1, SIGKILL) from a process of `uid`: the kernel signals every process of the uid
+    at once, which a scan of /proc cannot do for one that forks and exits over and over (its pid
+    changes between the listing and the reading: reviewer, stop 41). As root only, for a uid
+    that is neither root's nor this process's (kill(-1) spares the caller, nothing else)."""
+    if not hasattr(os, "fork") or os.geteuid() != 0 or uid in (0, os.getuid()):
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

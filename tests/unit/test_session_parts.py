@@ -236,35 +236,94 @@ def test_kill_uid_stops_at_the_first_round_that_finds_nothing_new(monkeypatch):
     assert len(scans) == 2 and sorted(signals) == [(4242, 9), (4242, 19), (4243, 9), (4243, 19)]
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="a uid of its own needs root")
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _as_leased_uid(lease, body) -> None:
+    """Fork a process that becomes the leased uid and runs `body` (no exec: the uid may not
+    read this Python's folder), and wait for that first process."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(lease.uid)
+            os.setuid(lease.uid)
+            body()
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+
+
+def _none_left(uid: int) -> bool:
+    """No live process of `uid`, now and in every scan of the next 0.3 s (a killed process may
+    take a few ms to go)."""
+    from autograder.runtime import procs
+
+    time.sleep(0.05)
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        if procs.pids_of_uid(uid):
+            return False
+    return True
+
+
+@pytest.mark.skipif(not ROOT, reason="a uid of its own needs root")
 def test_kill_uid_leaves_nothing_of_a_process_that_keeps_forking_away():
-    """The runaway a student would write: a process that forks and exits over and over, so its
-    pid keeps changing. Every process it became is found and killed: nothing of the uid is left."""
+    """The runaway a student would write: a process that forks and exits in a tight loop, so its
+    pid moves between a scan's listing of /proc and its reading (a scan alone missed it 4 times
+    in 5: reviewer, stop 41). kill(-1) from the student's uid reaches it wherever it is."""
     from autograder.runtime import procs
     from autograder.sandbox import uids
 
+    def runaway():
+        while True:
+            if os.fork():
+                os._exit(0)
+
     lease = uids.lease()
     try:
-        pid = os.fork()
-        if pid == 0:  # (no exec: the leased uid may not read this Python's folder)
-            try:
-                os.setgid(lease.uid)
-                os.setuid(lease.uid)
-                while True:
-                    if os.fork():
-                        os._exit(0)
-                    time.sleep(0.002)
-            finally:
-                os._exit(1)
-        os.waitpid(pid, 0)  # (it forked away at once: the runaway is its descendants now)
-        time.sleep(0.2)
-        assert procs.pids_of_uid(lease.uid), "the runaway did not start"
-        procs.kill_uid(lease.uid)
-        deadline = time.monotonic() + 5
-        while procs.pids_of_uid(lease.uid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not procs.pids_of_uid(lease.uid)
-    finally:
         for _ in range(3):
+            _as_leased_uid(lease, runaway)
+            time.sleep(0.2)
             procs.kill_uid(lease.uid)
+            assert _none_left(lease.uid)
+    finally:
+        procs._kill_all_as(lease.uid)
+        lease.release()
+
+
+@pytest.mark.skipif(not ROOT, reason="a uid of its own needs root")
+@pytest.mark.parametrize("name", [b"x\rUid:\t7", b"\xff\xfe", b"a\nUid:\t7", b"Uid:\t7"])
+def test_a_process_is_found_whatever_name_it_gives_itself(name):
+    """A student names their process (prctl PR_SET_NAME), and the name is the first line of its
+    /proc status: a carriage return before a fake "Uid:" hid it from the scan, and so did bytes
+    that are not UTF-8 (reviewer, stop 41). Found, and killed."""
+    import ctypes
+
+    from autograder.runtime import procs
+    from autograder.sandbox import uids
+
+    r, w = os.pipe()
+
+    def named():
+        os.setsid()
+        if os.fork():  # (away from its parent, as a daemon would go)
+            os._exit(0)
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+        os.write(w, str(os.getpid()).encode())
+        while True:
+            time.sleep(0.05)
+
+    lease = uids.lease()
+    try:
+        _as_leased_uid(lease, named)
+        os.close(w)
+        pid = int(os.read(r, 32))
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            assert f.read().rstrip(b"\n") == name[:15]
+        assert pid in procs.pids_of_uid(lease.uid) and pid in procs.parents_of_uid(lease.uid)
+        procs.kill_uid(lease.uid)
+        assert _none_left(lease.uid)
+    finally:
+        os.close(r)
+        procs._kill_all_as(lease.uid)
         lease.release()
