@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from .procs import status_field
 
 
 # Imported by the warm worker before any fork, and before a late privilege drop (fallback as
@@ -202,11 +203,10 @@ def _tasks_of(uid: int) -> int:
         return 0
     for p in pids:
         try:
-            with open(f"/proc/{p}/status") as f:
+            with open(f"/proc/{p}/status", "rb") as f:  # (bytes: any process's name, see status_field)
                 status = f.read()
-        except OSError:
+            if (status_field(status, b"Uid") or "").split()[:1] == [str(uid)]:
+                count += int(status_field(status, b"Threads") or 1)
+        except (OSError, ValueError):
             continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [str(uid)]:
-            count += int(fields.get("Threads", "1").strip() or 1)
     return count

@@ -90,36 +90,44 @@ def ended_children():
         yield pid, (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
 
+def status_field(data: bytes, name: bytes) -> str | None:
+    """A field of a /proc/PID/status read as bytes ("Uid" -> "0\t0\t0\t0"), from the line that
+    begins with it. Not from a text reading: the student names their process, the name's line
+    comes first, and a carriage return or bytes that are not UTF-8 there fooled one."""
+    at = data.find(b"\n" + name + b":")  # (a newline in the name is shown as the two bytes \n)
+    if at < 0:
+        return None
+    at += len(name) + 2
+    end = data.find(b"\n", at)
+    return data[at:end if end >= 0 else len(data)].decode("ascii", "replace").strip()
+
+
 def _live_of_uid(uid: int):
     """(pid, its status fields) of every live process whose real or effective uid is `uid`,
     from one reading of each status. A zombie runs nothing, and where PID 1 does not reap,
     zombies would make every `kill_uid` and sweep run all their rounds; but a "zombie" whose
     other threads still run (its main thread ended with the raw exit syscall) is live: killing
-    it kills them. The status is read as bytes and only the line that begins with "Uid:" is
-    taken: the student names their process (its "Name:" line comes first), and a name with a
-    carriage return, or bytes that are not UTF-8, hid it from a reading as text (reviewer,
-    stop 41). The other processes' fields are not parsed: this runs before every chapter."""
+    it kills them. The status is read as bytes (`status_field`: a carriage return, or bytes
+    that are not UTF-8, in the name the student gave their process hid it from a reading as
+    text: reviewer, stop 41); only the uid's processes have more than their Uid looked at.
+    Fields: State, Threads, PPid."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return
-    wanted = str(uid).encode()
+    wanted = str(uid)
     for e in entries:
         if not e.isdigit():
             continue
         try:
             with open(f"/proc/{e}/status", "rb") as f:
                 data = f.read()
-            at = data.index(b"\nUid:") + 5  # (a newline in the name is shown as the two bytes \n)
-            if wanted not in data[at:data.index(b"\n", at)].split()[:2]:
+            if wanted not in (status_field(data, b"Uid") or "").split()[:2]:
                 continue
-            fields = {}
-            for line in data.split(b"\n")[1:]:  # (not the name's line)
-                key, _, value = line.partition(b":")
-                fields[key.decode("ascii", "replace")] = value.decode("ascii", "replace").strip()
-            if fields["State"].split()[0] == "Z" and int(fields.get("Threads", "1")) <= 1:
+            fields = {k: status_field(data, k.encode()) or "" for k in ("State", "Threads", "PPid")}
+            if fields["State"].split()[0] == "Z" and int(fields["Threads"] or 1) <= 1:
                 continue
-        except (OSError, KeyError, ValueError, IndexError):
+        except (OSError, ValueError, IndexError):
             continue
         yield int(e), fields
 

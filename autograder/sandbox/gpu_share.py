@@ -51,14 +51,12 @@ def holders() -> dict[int, int] | None:
 
 
 def uid_of(pid: int) -> int | None:
+    """The process's real uid (None if it is gone), whatever name it gave itself."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return int(procs.status_field(f.read(), b"Uid").split()[0])
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -296,10 +296,12 @@ def test_kill_uid_leaves_nothing_of_a_process_that_keeps_forking_away():
 def test_a_process_is_found_whatever_name_it_gives_itself(name):
     """A student names their process (prctl PR_SET_NAME), and the name is the first line of its
     /proc status: a carriage return before a fake "Uid:" hid it from the scan, and so did bytes
-    that are not UTF-8 (reviewer, stop 41). Found, and killed."""
+    that are not UTF-8 (reviewer, stop 41). Found, its uid read right, and killed."""
     import ctypes
 
     from autograder.runtime import procs
+    from autograder.runtime.prepare import _tasks_of
+    from autograder.sandbox.gpu_share import uid_of
     from autograder.sandbox import uids
 
     r, w = os.pipe()
@@ -321,6 +323,7 @@ def test_a_process_is_found_whatever_name_it_gives_itself(name):
         with open(f"/proc/{pid}/comm", "rb") as f:
             assert f.read().rstrip(b"\n") == name[:15]
         assert pid in procs.pids_of_uid(lease.uid) and pid in procs.parents_of_uid(lease.uid)
+        assert uid_of(pid) == lease.uid and _tasks_of(lease.uid) == 1  # (the GPU's, the fallback's NPROC)
         procs.kill_uid(lease.uid)
         assert _none_left(lease.uid)
     finally:
