@@ -164,7 +164,9 @@ class SandboxPool:
         for box in boxes:
             box.kill()
         if self._lease is not None:
-            procs.kill_uid(self.uid)  # (bubblewrap: nothing should be left, the namespaces are gone)
+            # (bubblewrap: nothing should be left, the student's PID namespace is gone, so no
+            # kill(-1) backstop; the container mode has no namespace of the student's own)
+            procs.kill_uid(self.uid, backstop=self.mode == SandboxMode.CONTAINER)
         shutil.rmtree(self._workdir, ignore_errors=True)  # (after the uid's processes are gone)
         if release_gpu:
             from .gpu_share import release
