@@ -26,11 +26,13 @@ class ChildSlot:
         sandboxes: the student's `SandboxPool` (bubblewrap, container as root; else None).
         hidden: what the child must not see (`policy.hidden_paths`), for a new process.
         headroom: RLIMIT_DATA above the child's start (memory cases), or 0.
+        mapped_heap: with headroom, each large block mapped of its own (`runtime.prepare`).
     """
 
-    def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int):
+    def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int,
+                 mapped_heap: bool = False):
         self.mode, self.limits, self.pool = mode, limits, sandboxes
-        self.hidden, self.headroom = hidden, headroom
+        self.hidden, self.headroom, self.mapped_heap = hidden, headroom, mapped_heap
         self.box = None  # the warm sandbox the children are forked from (with a pool)
         self.child: Child | None = None
         self.channel: Channel | None = None
@@ -81,7 +83,8 @@ class ChildSlot:
         if self.pool is None:
             if self.workdir:  # (the container mode removes a killed child's files: its folder too)
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
-            return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom)
+            return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom,
+                         self.mapped_heap)
         if self.box is not None and not self.box.alive():
             self._give_back()  # killed by what the student did: start a new one
         if self.box is None:
@@ -91,7 +94,7 @@ class ChildSlot:
             self._give_back()
             return why
         try:
-            return self.box.fork(token, self.headroom)
+            return self.box.fork(token, self.headroom, self.mapped_heap)
         except SandboxDied as e:
             self._give_back()
             return f"the grading process could not be started ({e})"

@@ -13,6 +13,14 @@ sockets there (`autograder.runtime.prepare.confine_memory_case`; the child exits
 runs where that cannot be done, so the case fails rather than go unmeasured). It runs before
 the chapter's other children start and is gone when they do, so no process of the chapter can
 compute beside it.
+
+A case that runs out of memory there is measured once more, in a child whose glibc maps each
+large block of its own and unmaps it when freed (`runtime.prepare.map_large_blocks`). Honest
+code that keeps a small tensor per block of keys (its running maximum, say) could otherwise
+fail at random: the kept tensor lands in the hole a freed block left, and the heap grows by a
+block per block (3 failures in 8 before this). The second run is slower (page faults on every
+block), so it is paid only where the first ran out of memory; it can pass nothing that does
+not fit under the same cap.
 """
 from __future__ import annotations
 
@@ -21,6 +29,15 @@ from ..shared.calls import Call, Outcome
 
 def _key(call: Call) -> tuple:
     return (call.exercise, call.case, call.device, call.dtype)
+
+
+def _out_of_memory(outcome: Outcome) -> bool:
+    """Whether a run may have failed for want of memory: a MemoryError, an allocator's error, a
+    crash (a library that does not check its allocations). Not a timeout: it would take as long
+    again."""
+    error = outcome.error or {}
+    message = str(error.get("message", "")).lower()
+    return error.get("type") in ("MemoryError", "Crash") or "alloc" in message or "memory" in message
 
 
 class MemoryCases:
@@ -41,12 +58,23 @@ class MemoryCases:
         if self.ran or not self.calls:
             return
         self.ran = True
-        self.outcomes.update(zip(map(_key, self.calls), self._run(self.calls)))
+        self.outcomes.update(zip(map(_key, self.calls), self._measured(self.calls)))
 
-    def _run(self, calls: list[Call]) -> list[Outcome]:
+    def _measured(self, calls: list[Call]) -> list[Outcome]:
+        """The calls' outcomes under the cap; those that ran out of memory, measured once more
+        with each large block mapped of its own (the module's docstring says why)."""
+        outcomes = self._run(calls)
+        again = [i for i, outcome in enumerate(outcomes) if _out_of_memory(outcome)]
+        if again:
+            for i, outcome in zip(again, self._run([calls[i] for i in again], mapped_heap=True)):
+                outcomes[i] = outcome
+        return outcomes
+
+    def _run(self, calls: list[Call], mapped_heap: bool = False) -> list[Outcome]:
         from .student_session import StudentSession
 
-        with StudentSession(self.cells, memory_capped=True, **self.session_args) as session:
+        with StudentSession(self.cells, memory_capped=True, mapped_heap=mapped_heap,
+                            **self.session_args) as session:
             run = session.start()
             if run.error:
                 why = f"the memory-capped process could not run the notebook: {run.error}"
@@ -58,5 +86,5 @@ class MemoryCases:
             if not call.capped_memory:
                 return run(call)
             outcome = self.outcomes.pop(_key(call), None)
-            return outcome if outcome is not None else self._run([call])[0]
+            return outcome if outcome is not None else self._measured([call])[0]
         return routed
