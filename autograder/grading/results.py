@@ -142,8 +142,8 @@ _LEAVES = frozenset((str, int, float, bool, type(None)))
 def _plain(value):
     """`dataclasses.asdict`'s result (new dicts and lists all the way down) without its
     `copy.deepcopy` of every leaf: a result's leaves are str, numbers, None and SandboxMode,
-    which need no copy. A class's results took 26 ms a student in `asdict` (the figures'
-    floats), each time batch wrote them to its journal and a worker to its spool."""
+    which need no copy. A solution student's result took 7.5 ms in `asdict` (2.4 ms here),
+    each time batch wrote it to its journal and a worker to its spool."""
     if type(value) in _LEAVES:
         return value
     if is_dataclass(value) and not isinstance(value, type):

@@ -23,6 +23,13 @@ GPU_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH") 
 BOUND = ("ro-bind", "dev-bind")
 
 
+def own_pid_namespace(mode) -> bool:
+    """Whether a student's processes have a PID namespace of their own (bubblewrap's, or the
+    zygote's for a student it starts): its end kills them all. The container and fallback
+    modes share the grader's."""
+    return str(mode) == "bubblewrap"
+
+
 @dataclass(frozen=True)
 class SandboxPolicy:
     """One sandbox, decided: read by the renderers, never changed (`with_uid` makes a copy)."""
@@ -75,7 +82,7 @@ class SandboxPolicy:
             "subreaper": contained,
             # (a warm worker's Reset kills all but itself where its PID namespace is its own;
             # in the container mode, what is below it, and the pool kills the uid's strays)
-            "own_pid_namespace": self.mode == "bubblewrap",
+            "own_pid_namespace": own_pid_namespace(self.mode),
         }
 
     def box_mounts(self) -> tuple[Mount, ...]:

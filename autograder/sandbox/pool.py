@@ -11,7 +11,7 @@ from .. import settings as _settings
 from ..runtime import procs
 from .limits import Limits, NOBODY
 from .modes import SandboxChoice, SandboxMode
-from .policy import hidden_paths, student_uid
+from .policy import hidden_paths, own_pid_namespace, student_uid
 from .warm import WarmSandbox, Zygote
 
 
@@ -164,9 +164,9 @@ class SandboxPool:
         for box in boxes:
             box.kill()
         if self._lease is not None:
-            # (bubblewrap: nothing should be left, the student's PID namespace is gone, so no
-            # kill(-1) backstop; the container mode has no namespace of the student's own)
-            procs.kill_uid(self.uid, backstop=self.mode == SandboxMode.CONTAINER)
+            # (the kill(-1) backstop only where the student's processes outlive their sandboxes:
+            # the end of a PID namespace of their own has killed them all)
+            procs.kill_uid(self.uid, backstop=not own_pid_namespace(self.mode))
         shutil.rmtree(self._workdir, ignore_errors=True)  # (after the uid's processes are gone)
         if release_gpu:
             from .gpu_share import release

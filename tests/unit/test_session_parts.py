@@ -239,20 +239,6 @@ def test_kill_uid_stops_at_the_first_round_that_finds_nothing_new(monkeypatch):
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def _as_leased_uid(lease, body) -> None:
-    """Fork a process that becomes the leased uid and runs `body` (no exec: the uid may not
-    read this Python's folder), and wait for that first process."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(lease.uid)
-            os.setuid(lease.uid)
-            body()
-        finally:
-            os._exit(1)
-    os.waitpid(pid, 0)
-
-
 def _none_left(uid: int) -> bool:
     """No live process of `uid`, now and in every scan of the next 0.3 s (a killed process may
     take a few ms to go)."""
@@ -273,6 +259,7 @@ def test_kill_uid_leaves_nothing_of_a_process_that_keeps_forking_away():
     in 5: reviewer, stop 41). kill(-1) from the student's uid reaches it wherever it is."""
     from autograder.runtime import procs
     from autograder.sandbox import uids
+    from autograder.sandbox.uid_cleanup import as_uid
 
     def runaway():
         while True:
@@ -282,7 +269,7 @@ def test_kill_uid_leaves_nothing_of_a_process_that_keeps_forking_away():
     lease = uids.lease()
     try:
         for _ in range(3):
-            _as_leased_uid(lease, runaway)
+            as_uid(lease.uid, runaway)  # (a fork of this process: the uid may not read its Python)
             time.sleep(0.2)
             procs.kill_uid(lease.uid)
             assert _none_left(lease.uid)
@@ -303,6 +290,7 @@ def test_a_process_is_found_whatever_name_it_gives_itself(name):
     from autograder.runtime.prepare import _tasks_of
     from autograder.sandbox.gpu_share import uid_of
     from autograder.sandbox import uids
+    from autograder.sandbox.uid_cleanup import as_uid
 
     r, w = os.pipe()
 
@@ -317,7 +305,7 @@ def test_a_process_is_found_whatever_name_it_gives_itself(name):
 
     lease = uids.lease()
     try:
-        _as_leased_uid(lease, named)
+        as_uid(lease.uid, named)
         os.close(w)
         pid = int(os.read(r, 32))
         with open(f"/proc/{pid}/comm", "rb") as f:
