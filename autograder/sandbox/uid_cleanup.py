@@ -1,10 +1,12 @@
 """After a student's uid is done (the container mode: its `SandboxPool` or `Child`): nothing of theirs stays.
 
 Without namespaces the student's code shares the machine's /tmp, /var/tmp and /dev/shm, and the
-kernel keeps a keyring per uid. A student could leave a world-readable file there (their code, a
-copy of their answers) for a later student to read or run, or a key in their uid's keyring for
-whoever gets that uid next. So when the student's processes are gone: every file their uid owns
-in those folders is removed, and their keyrings are cleared. Their TMPDIR (and HOME) is a folder
+kernel keeps a keyring per uid and System V IPC objects (shared memory, message queues,
+semaphores) that outlive their processes. A student could leave a world-readable file or segment
+there (their code, a copy of their answers) for a later student to read or run, or a key in
+their uid's keyring for whoever gets that uid next. So when the student's processes are gone:
+every file their uid owns in those folders is removed, their IPC objects too, and their
+keyrings are cleared. Their TMPDIR (and HOME) is a folder
 of the session's own (`StudentSession`), removed with it.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 KEYCTL = {"x86_64": 250, "aarch64": 219, "i686": 288, "ppc64le": 287, "s390x": 280}  # syscall numbers
 KEYCTL_CLEAR, USER_KEYRING, USER_SESSION_KEYRING = 7, -4, -5
+IPC_RMID = 0
 
 
 def as_uid(uid: int, action) -> int:
@@ -139,16 +142,47 @@ def clear_keyrings(uid: int) -> None:
         pass
 
 
+def remove_ipc_of(uid: int) -> int:
+    """Remove the System V shared memory segments, message queues and semaphore sets `uid` owns
+    or created (as /proc/sysvipc lists them; as root, on Linux); how many went. A segment
+    still attached goes when its last process detaches, and the uid's processes are gone."""
+    if os.geteuid() != 0 or sys.platform != "linux":
+        return 0
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    removers = {"shm": lambda i: libc.shmctl(i, IPC_RMID, None), "msg": lambda i: libc.msgctl(i, IPC_RMID, None),
+                "sem": lambda i: libc.semctl(i, 0, IPC_RMID)}
+    removed = 0
+    for kind, remove in removers.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii") as f:
+                header, *rows = f.read().splitlines()
+        except (OSError, ValueError):
+            continue
+        names = header.split()  # (key, then the id: shmid, msqid or semid; uid and cuid further on)
+        for row in rows:
+            entry = dict(zip(names, row.split()))
+            try:
+                ident, owners = int(entry[names[1]]), {int(entry["uid"]), int(entry["cuid"])}
+            except (KeyError, ValueError, IndexError):
+                continue
+            if uid in owners and remove(ident) == 0:
+                removed += 1
+    return removed
+
+
 _QUARANTINED: list = []  # leases kept until this process ends: their uid's clean-up did not finish
 
 
 def clean_up(uid: int) -> bool:
-    """The uid's files and keyrings removed; whether completely (never raises)."""
+    """The uid's files, IPC objects and keyrings removed; whether completely (never raises)."""
     try:
         _, complete = remove_files_of(uid)
     except Exception:
         complete = False
     try:
+        remove_ipc_of(uid)
         clear_keyrings(uid)
     except Exception:
         complete = False

@@ -99,13 +99,15 @@ def lease() -> Lease:
                 continue
             os.ftruncate(turn_fd, 0)
             os.pwrite(turn_fd, str((start + step + 1) % size).encode(), 0)
-            # A uid's keyrings and files outlive its processes: what its last holder (this
-            # run's student or an earlier run's, whose clean-up may not have finished) left
-            # must not reach the next. A uid whose files cannot all be removed is skipped.
-            from .uid_cleanup import clear_keyrings, remove_files_of
+            # A uid's keyrings, files and IPC objects outlive its processes: what its last
+            # holder (this run's student or an earlier run's, whose clean-up may not have
+            # finished) left must not reach the next. A uid whose files cannot all be removed
+            # is skipped.
+            from .uid_cleanup import clear_keyrings, remove_files_of, remove_ipc_of
             if not remove_files_of(uid)[1]:
                 os.close(fd)
                 continue
+            remove_ipc_of(uid)
             clear_keyrings(uid)
             return Lease(uid, fd)
     finally:

@@ -289,3 +289,45 @@ def test_a_file_an_earlier_holder_left_does_not_reach_the_uids_next_student(monk
     monkeypatch.setattr(uid_cleanup, "remove_files_of", lambda uid: (0, False))
     with pytest.raises(OSError, match="in use"):
         uids.lease()
+
+
+def _ipc_of(uid: int) -> list:
+    """(kind, id) of every System V IPC object `uid` owns."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}") as f:
+            header, *rows = f.read().splitlines()
+        for row in rows:
+            entry = dict(zip(header.split(), row.split()))
+            if int(entry["uid"]) == uid:
+                found.append((kind, int(row.split()[1])))
+    return found
+
+
+def test_ipc_objects_a_uid_left_do_not_reach_its_next_student(monkeypatch):
+    """System V shared memory, message queues and semaphores outlive their processes, and the
+    container mode shares the machine's IPC namespace: a segment of a student's, readable by
+    all (a copy of their answers), is removed by their clean-up and by the uid's next lease;
+    another uid's stays."""
+    from autograder.sandbox import uid_cleanup, uids
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    _, last = uid_range()
+    monkeypatch.setattr(uids, "uid_range", lambda: (last, last))  # (the one uid lease can give)
+
+    def leave() -> int:  # the student's code: one of each, IPC_PRIVATE, IPC_CREAT | 0666
+        return int(min(libc.shmget(0, 4096, 0o1666), libc.msgget(0, 0o1666), libc.semget(0, 1, 0o1666)) < 0)
+
+    assert uid_cleanup.as_uid(last, leave) == 0 and len(_ipc_of(last)) == 3
+    lease = uids.lease()
+    try:
+        assert lease.uid == last and _ipc_of(last) == []
+    finally:
+        lease.release()
+    mine = libc.shmget(0, 4096, 0o1600)
+    try:
+        assert uid_cleanup.as_uid(last, leave) == 0 and len(_ipc_of(last)) == 3
+        assert uid_cleanup.clean_up(last) and _ipc_of(last) == []
+        assert ("shm", mine) in _ipc_of(os.geteuid())
+    finally:
+        libc.shmctl(mine, uid_cleanup.IPC_RMID, None)
