@@ -19,25 +19,36 @@ large block of its own and unmaps it when freed (`runtime.prepare.map_large_bloc
 code that keeps a small tensor per block of keys (its running maximum, say) could otherwise
 fail at random: the kept tensor lands in the hole a freed block left, and the heap grows by a
 block per block (3 failures in 8 before this). The second run is slower (page faults on every
-block), so it is paid only where the first ran out of memory; it can pass nothing that does
-not fit under the same cap.
+block), so it is paid only where the first ran out of memory on a request smaller than the cap
+(one that could have fit: never the whole score matrix at once), and out of the student's own
+budget; it can pass nothing that does not fit under the same cap. Where it times out or
+crashes, the first run's outcome (its out-of-memory diagnosis) stands.
 """
 from __future__ import annotations
 
+import re
+
 from ..shared.calls import Call, Outcome
+
+_REQUEST = re.compile(r"tried to allocate (\d+) bytes")  # (torch's CPU allocator says so)
+_OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "out of memory", "cannot allocate memory")
 
 
 def _key(call: Call) -> tuple:
     return (call.exercise, call.case, call.device, call.dtype)
 
 
-def _out_of_memory(outcome: Outcome) -> bool:
-    """Whether a run may have failed for want of memory: a MemoryError, an allocator's error, a
-    crash (a library that does not check its allocations). Not a timeout: it would take as long
-    again."""
+def _worth_measuring_again(outcome: Outcome, cap: int) -> bool:
+    """Whether a run failed for want of memory on a request that could have fit under the cap
+    (a MemoryError, or an allocator's error asking for less than `cap` bytes): what a heap's
+    holes can cause. Not a request of the cap or more (the whole score matrix), nor a timeout
+    or a crash: a second run would fail again, out of the student's budget."""
     error = outcome.error or {}
-    message = str(error.get("message", "")).lower()
-    return error.get("type") in ("MemoryError", "Crash") or "alloc" in message or "memory" in message
+    message = str(error.get("message", ""))
+    request = _REQUEST.search(message)
+    if request and int(request.group(1)) >= cap:
+        return False
+    return error.get("type") == "MemoryError" or any(w in message.lower() for w in _OUT_OF_MEMORY)
 
 
 class MemoryCases:
@@ -63,11 +74,15 @@ class MemoryCases:
     def _measured(self, calls: list[Call]) -> list[Outcome]:
         """The calls' outcomes under the cap; those that ran out of memory, measured once more
         with each large block mapped of its own (the module's docstring says why)."""
+        from .. import settings
+
+        cap = (self.session_args.get("limits") or settings.current().limits).memory_case
         outcomes = self._run(calls)
-        again = [i for i, outcome in enumerate(outcomes) if _out_of_memory(outcome)]
+        again = [i for i, outcome in enumerate(outcomes) if _worth_measuring_again(outcome, cap)]
         if again:
             for i, outcome in zip(again, self._run([calls[i] for i in again], mapped_heap=True)):
-                outcomes[i] = outcome
+                if (outcome.error or {}).get("type") not in ("Timeout", "Crash"):
+                    outcomes[i] = outcome
         return outcomes
 
     def _run(self, calls: list[Call], mapped_heap: bool = False) -> list[Outcome]:
