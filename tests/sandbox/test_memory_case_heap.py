@@ -53,10 +53,11 @@ def test_honest_code_that_keeps_a_tensor_per_block_keeps_the_memory_case(tmp_pat
         assert chapter.score == chapter.max_score
 
 
-# The solution, failing the memory case unless glibc maps a 1 MiB block of its own after an
-# 8 MiB one was freed: its default (a threshold raised by that free) puts it in the heap, the
-# second run's `map_large_blocks` maps it. So it passes where, and only where, the second run
-# happens with the setting in place (a reviewer's probe, stop 42).
+# The solution, failing the memory case unless glibc maps a 16 MiB block of its own after a
+# 24 MiB one was freed: its default (a threshold raised by that free) puts it in the heap, the
+# second run's `map_large_blocks` maps it (unless a free chunk of the heap holds it: none is
+# that large). So it passes where, and only where, the second run happens with the setting in
+# place (after a reviewer's probe, stop 42).
 PROBE = """import ctypes
 
 class _Mallinfo2(ctypes.Structure):
@@ -69,9 +70,9 @@ _libc.malloc.restype, _libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 _libc.free.argtypes = [ctypes.c_void_p]
 
 def _blocks_mapped():
-    _libc.free(_libc.malloc(8 << 20))
+    _libc.free(_libc.malloc(24 << 20))
     before = _libc.mallinfo2().hblkhd
-    block = _libc.malloc(1 << 20)
+    block = _libc.malloc(16 << 20)
     mapped = _libc.mallinfo2().hblkhd > before
     _libc.free(block)
     return mapped
