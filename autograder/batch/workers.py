@@ -25,11 +25,47 @@ from ..report.untrusted_text import capped
 
 _SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
 _ZYGOTE = None  # this worker's zygote (False where it cannot be used)
+_FIRST_ZYGOTE = None  # the batch's first zygote: (the command's Zygote, the address it clones at)
+_CLONE_AT = None  # (a worker's) that address
+
+
+def start_first_zygote(limits) -> None:
+    """In the command, before its own imports (as root with bubblewrap): one zygote sandbox that
+    imports torch while this process does, and forks a zygote for each batch worker that asks
+    (`Zygote.cloned`). Without it each worker started a sandbox of its own and imported torch
+    there, after the command had, before its first student. Nothing where it cannot start."""
+    global _FIRST_ZYGOTE
+    import atexit
+    import socket
+    import tempfile
+
+    from ..sandbox.policy import hidden_paths
+    from ..sandbox.warm import Zygote
+
+    if _FIRST_ZYGOTE is not None or not Zygote.usable(SandboxMode.BUBBLEWRAP):
+        return
+    workdir = tempfile.mkdtemp(prefix="autograder-zygote-")  # (0700: only root reaches the socket)
+    address = os.path.join(workdir, "clone")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+            listener.bind(address)
+            listener.listen(16)
+            zygote = Zygote(limits, hidden_paths(), workdir, listener)
+    except OSError:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+
+    def end() -> None:
+        zygote.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    atexit.register(end)
+    _FIRST_ZYGOTE = (zygote, address)
 
 
 def _zygote(grader: Grader):
-    """This worker's zygote (`sandbox.Zygote`), started on its first student; None where there
-    is none (not root, or it did not start: students then get sandboxes started from scratch)."""
+    """This worker's zygote (`sandbox.Zygote`), on its first student: forked by the batch's first
+    zygote where the command started one, else started here; None where there is none (not
+    root, or it did not start: students then get sandboxes started from scratch)."""
     global _ZYGOTE
     from ..sandbox.limits import time_now
     from ..sandbox.warm import Zygote
@@ -43,16 +79,24 @@ def _zygote(grader: Grader):
             from multiprocessing import util
 
             limits = grader.limits
-            workdir = tempfile.mkdtemp(prefix="autograder-zygote-")
-            try:
-                zygote = Zygote(limits, hidden_paths(), workdir)
-            except OSError:
-                os.rmdir(workdir)
-                return None
+            zygote, workdir = None, None
+            if _CLONE_AT:
+                try:
+                    zygote = Zygote.cloned(limits, _CLONE_AT)
+                except OSError:
+                    zygote = None
+            if zygote is None:
+                workdir = tempfile.mkdtemp(prefix="autograder-zygote-")
+                try:
+                    zygote = Zygote(limits, hidden_paths(), workdir)
+                except OSError:
+                    os.rmdir(workdir)
+                    return None
 
             def end() -> None:
                 zygote.kill()
-                shutil.rmtree(workdir, ignore_errors=True)
+                if workdir:
+                    shutil.rmtree(workdir, ignore_errors=True)
             atexit.register(end)
             util.Finalize(None, end, exitpriority=10)  # a pool worker skips atexit
             if zygote.wait_ready(time_now() + limits.startup_timeout) is None and _try(zygote):
@@ -118,9 +162,12 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
             pool.close(release_gpu="cuda" in grader.devices)
 
 
-def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.Settings, counter) -> None:
+def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.Settings, counter,
+                  clone_at: str | None = None) -> None:
     import torch
 
+    global _CLONE_AT
+    _CLONE_AT = clone_at  # (the batch's first zygote, where the command started one)
     # Each worker gets its own `threads` cores where the machine has enough: the worker and
     # its student processes take turns on them, and stay off the other workers' caches.
     with counter.get_lock():
@@ -160,7 +207,7 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
     threads = max(1, cores // jobs)
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
                                initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), grader.settings,
-                                         ctx.Value("i", 0)))
+                                         ctx.Value("i", 0), _FIRST_ZYGOTE[1] if _FIRST_ZYGOTE else None))
 
 
 def student_flags(chapters: list[ChapterResult]) -> dict:

@@ -84,15 +84,17 @@ class ControlLoop:
                 os.close(fd)
         return pid
 
-    def run(self, handlers: dict, reap) -> None:
+    def run(self, handlers: dict, reap, others: dict | None = None) -> None:
         """handlers: message class -> handler(message, fds) -> whether it took the message
-        (and so the fds that came with it)."""
+        (and so the fds that came with it). others: more sockets to wait on -> what to call
+        when one is readable (the batch's first zygote's listening socket)."""
         import select
 
         p = self.p
+        others = others or {}
         while True:
             try:
-                ready, _, _ = select.select([self.ctl, self.wake_r], [], [])
+                ready, _, _ = select.select([self.ctl, self.wake_r, *others], [], [])
             except InterruptedError:
                 continue
             if self.wake_r in ready:
@@ -101,6 +103,9 @@ class ControlLoop:
                 except OSError:
                     pass
             reap()
+            for sock, call in others.items():
+                if sock in ready:
+                    call()
             if self.ctl not in ready:
                 continue
             try:

@@ -23,6 +23,10 @@ neither can see, signal or trace the zygote. Standard library only (staged into 
 This needs the zygote to be real root inside its sandbox, so it is used only when the grader
 runs as root (Gradescope, CI, containers); elsewhere every student gets a bubblewrap sandbox
 of their own started from scratch, as with `grade`.
+
+`batch` starts the first zygote itself, with a listening socket only root can reach; each
+batch worker gets a zygote of its own from there (`Clone`), a fork of the first: one sandbox
+and one torch import for the whole batch, begun while the command imports torch.
 """
 from __future__ import annotations
 
@@ -75,16 +79,33 @@ def zygote(argv: list[str]) -> None:
     sys.path[:] = config["sys_path"]
     _prctl(PR_SET_DUMPABLE, 0, "not dumpable")
     worker.import_all()
+    _serve(ctl_fd, start, config.get("listen_fd"))
+
+
+def _serve(ctl_fd: int, start: float, listen_fd: int | None = None) -> None:
+    """The zygote's loop on its control socket: Spawn and KillBox until the socket closes, then
+    every student's sandbox it started is killed. With `listen_fd` (the batch's first zygote):
+    each connection there brings a Clone, answered with a zygote of the worker's own (`_clone`)."""
+    import socket
+
+    from . import warm as worker
     from ..shared import protocol as p
 
     loop = worker.ControlLoop(ctl_fd)
     boxes: dict[int, str] = {}  # pid -> the box's token (the grader names boxes by token)
+    clones: list[int] = []
+    others = {}
+    if listen_fd is not None:
+        listener = socket.socket(fileno=listen_fd)
+        others[listener] = lambda: _clone(loop, listener, clones)
 
     def reap() -> None:
         for pid, returncode in procs.ended_children():
             token = boxes.pop(pid, None)
             if token is not None:
                 loop.send(p.BoxEnded(token, returncode))
+            elif pid in clones:
+                clones.remove(pid)
 
     def spawn(message: p.Spawn, fds: list) -> bool:
         if len(fds) != 2:
@@ -112,10 +133,45 @@ def zygote(argv: list[str]) -> None:
         return True
 
     loop.send(p.Ready(os.getpid(), os.getuid(), time.perf_counter() - start))
-    loop.run({p.Spawn: spawn, p.KillBox: kill_box}, reap)
-    for pid in boxes:
+    loop.run({p.Spawn: spawn, p.KillBox: kill_box}, reap, others)
+    for pid in [*boxes, *clones]:
         procs.send(pid, signal.SIGKILL)
     os._exit(0)
+
+
+def _clone(loop, listener, clones: list[int]) -> None:
+    """A batch worker's connection: its Clone brings the worker's control socket and output
+    pipe; a fork of this zygote serves them (`_serve`, with nothing of this one's: its control
+    socket, its listener). What is not a Clone with its two fds is dropped."""
+    from ..shared import protocol as p
+
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return
+    with conn:
+        conn.settimeout(5.0)  # (a worker of the grader's own: it sends at once)
+        try:
+            message, fds = p.receive(conn)
+        except (p.ProtocolError, OSError):
+            return
+        if not isinstance(message, p.Clone) or len(fds) != 2:
+            p._close(fds)
+            return
+        pid = loop.fork()
+        if pid == 0:
+            try:
+                listener.close()
+                conn.close()
+                ctl_fd, out_fd = fds
+                os.dup2(out_fd, 1)
+                os.dup2(out_fd, 2)
+                os.close(out_fd)
+                _serve(ctl_fd, time.perf_counter())
+            finally:
+                os._exit(0)
+        p._close(fds)
+        clones.append(pid)
 
 
 def _start_box(ctl_fd: int, out_fd: int, config: dict, token: str, start: float) -> None:

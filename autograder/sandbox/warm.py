@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,14 +31,14 @@ class _Bwrap:
 
     @classmethod
     def start(cls, policy: SandboxPolicy, entry: str, config: dict, sock_fd: int, out_fd: int,
-              workdir: str) -> "_Bwrap":
+              workdir: str, more_fds: tuple = ()) -> "_Bwrap":
         """Run `autograder.runtime.<entry>.<entry>` in the sandbox `policy` describes, with the
-        control socket, its `config` and the output pipe."""
+        control socket, its `config` and the output pipe (and `more_fds` the config names)."""
         argv = python_argv(policy.runtime, entry, [str(sock_fd), json.dumps(config)],
                            module=f"runtime.{entry}")
         return cls(popen_bwrap(
             bwrap_command(policy, argv, probe_bubblewrap()[2]), stdin=subprocess.DEVNULL,
-            stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd,), env=policy.environment(config["token"]),
+            stdout=out_fd, stderr=out_fd, pass_fds=(sock_fd, *more_fds), env=policy.environment(config["token"]),
             cwd=workdir, start_new_session=True, close_fds=True))
 
     def poll(self) -> int | None:
@@ -101,8 +102,6 @@ class _Controlled:
     what = "the grading process"
 
     def __init__(self, limits: Limits, launch):
-        import socket
-
         from ..shared import protocol
 
         self._p = protocol
@@ -238,6 +237,11 @@ class _Controlled:
         with self._cond:
             self.dead = True
             self._cond.notify_all()
+        try:  # (shut down first: a close alone leaves the socket open while the listener
+            # thread's select holds it, and a zygote's clone ends only on its end of stream)
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -346,17 +350,44 @@ class Zygote(_Controlled):
 
     what = "the zygote"
 
-    def __init__(self, limits: Limits, hidden: list[str], workdir: str):
+    def __init__(self, limits: Limits, hidden: list[str], workdir: str, listener=None):
+        """With `listener` (a listening SOCK_SEQPACKET socket, in a folder only root reaches):
+        the batch's first zygote, which forks a zygote for each worker that connects there
+        (`cloned`). The caller closes its own copy once this returns."""
         import secrets
 
         policy = sandbox_policy(SandboxMode.BUBBLEWRAP, limits, hidden, keep_root=True)
         config = policy.child_config(secrets.token_hex(16))
-        self.ended: dict[str, int] = {}  # a student's sandbox (its token) -> how it ended
-        self.broken = False  # a sandbox it started failed before answering: start no more
+        more = (listener.fileno(),) if listener is not None else ()
+        if more:
+            config["listen_fd"] = more[0]
 
         def launch(sock_fd, out_fd):
-            return _Bwrap.start(policy, "zygote", config, sock_fd, out_fd, workdir)
+            return _Bwrap.start(policy, "zygote", config, sock_fd, out_fd, workdir, more)
+        self._start(limits, launch)
+
+    def _start(self, limits: Limits, launch) -> None:
+        self.ended: dict[str, int] = {}  # a student's sandbox (its token) -> how it ended
+        self.broken = False  # a sandbox it started failed before answering: start no more
         super().__init__(limits, launch)
+
+    @classmethod
+    def cloned(cls, limits: Limits, address: str) -> "Zygote":
+        """A zygote of this worker's own, forked by the batch's first zygote (listening at
+        `address`): no sandbox or torch import of its own. OSError if it cannot connect."""
+        import secrets
+
+        from ..shared import protocol
+
+        def launch(sock_fd, out_fd):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+                conn.settimeout(limits.control_timeout)
+                conn.connect(address)
+                protocol.send(conn, protocol.Clone(secrets.token_hex(16)), (sock_fd, out_fd))
+            return _Clone()
+        zygote = cls.__new__(cls)
+        zygote._start(limits, launch)
+        return zygote
 
     @staticmethod
     def usable(mode: "SandboxMode") -> bool:
@@ -387,6 +418,23 @@ class Zygote(_Controlled):
             self._request(self._p.KillBox(token))
         except SandboxDied:  # the zygote is gone, and every student's sandbox with it
             pass
+
+
+class _Clone:
+    """A zygote forked by the batch's first zygote (`Zygote.cloned`; `poll`, `stop`): it ends,
+    killing every student's sandbox it started, when its control socket closes, which `kill`
+    does right after `stop`; the first zygote's sandbox ends with the batch."""
+
+    pid = None
+
+    def __init__(self):
+        self.stopped = False
+
+    def poll(self) -> int | None:
+        return -signal.SIGKILL if self.stopped else None
+
+    def stop(self, wait: float) -> None:
+        self.stopped = True
 
 
 class _SpawnedBox:

@@ -30,6 +30,14 @@ forking it into namespaces of its own (see `autograder.sandbox.warm.Zygote`). Sa
     zygote -> grader BoxEnded(token, returncode) whenever a student's sandbox ends (boxes are
                                               named by token: a pid may be used again)
 
+A batch's first zygote also listens on a socket that only root can reach (a folder of the
+command's, mode 0700): each batch worker connects and sends
+
+    worker -> zygote Clone(token) + [control socket end, output write end]
+
+and gets a zygote of its own, forked from that one (torch imported already), serving that
+control socket as above: one sandbox and one torch import for the whole batch.
+
 The chapter channel, between the grader and one chapter's child (`autograder.runtime.child.serve`):
 `wire` frames over pipes (outcomes carry tensors), each a dict {"kind": ..., fields}.
 
@@ -122,8 +130,13 @@ class BoxEnded:
     returncode: int
 
 
+@dataclass
+class Clone:
+    token: str
+
+
 KINDS = {cls.__name__: cls for cls in (Ready, Fork, Forked, Kill, Exited, Reset, ResetDone,
-                                       Spawn, Spawned, KillBox, BoxEnded)}
+                                       Spawn, Spawned, KillBox, BoxEnded, Clone)}
 
 
 # ------------------------------------------------------------------ the chapter channel

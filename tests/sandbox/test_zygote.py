@@ -4,6 +4,8 @@ give: no shared /tmp, /dev/shm, processes, loopback or IPC, no privileges, and a
 kills everything they can reach costs nobody else anything."""
 from __future__ import annotations
 
+import os
+import socket
 import tempfile
 import time
 import uuid
@@ -15,6 +17,7 @@ from autograder.batch import grade_class as batch
 from autograder.batch import workers
 from autograder.shared.calls import Call
 from autograder.grading.grader import Grader
+from autograder.runtime import procs
 from autograder.sandbox.uids import uid_range
 from autograder.sandbox.limits import NOBODY, Limits
 from autograder.sandbox.modes import SandboxMode
@@ -35,12 +38,30 @@ def call(target, *args) -> Call:
     return Call(chapter="test", exercise=target, case="zygote", target=target, args=list(args))
 
 
-@pytest.fixture
-def zygote():
-    z = Zygote(FAST, hidden_paths(), tempfile.mkdtemp())
+def _first_zygote(workdir: str) -> tuple[Zygote, str]:
+    """A batch's first zygote (as `workers.start_first_zygote` makes it) and its address."""
+    address = os.path.join(workdir, "clone")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(address)
+        listener.listen(16)
+        return Zygote(FAST, hidden_paths(), workdir, listener), address
+
+
+@pytest.fixture(params=["its own", "forked by the batch's first"])
+def zygote(request):
+    """A worker's zygote: in a sandbox of its own, or forked by the batch's first zygote (what
+    `batch` uses as root); every test below holds for both."""
+    first = None
+    if request.param == "its own":
+        z = Zygote(FAST, hidden_paths(), tempfile.mkdtemp())
+    else:
+        first, address = _first_zygote(tempfile.mkdtemp())
+        z = Zygote.cloned(FAST, address)
     assert z.wait_ready(time.monotonic() + 60) is None, bytes(z.output)
     yield z
     z.kill()
+    if first is not None:
+        first.kill()
 
 
 def session(cells, pool) -> StudentSession:
@@ -221,3 +242,59 @@ def test_a_zygote_that_cannot_start_costs_nothing(tmp_path, fresh_batch_worker, 
                                 progress=False)
     assert results["good"].score == results["good"].max_score > 0
     assert workers._ZYGOTE is False
+
+
+def _holders(inode: int) -> set[int]:
+    """The pids of every process (seen from here, as root) that holds socket `inode` open."""
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    held.add(int(pid))
+            except OSError:
+                pass
+    return held
+
+
+def test_the_first_zygotes_listening_socket_reaches_no_one_it_forks():
+    """Whoever holds the batch's first zygote's listening socket gets a zygote (root in its
+    sandbox, making namespaces): only the first zygote holds it. Not the workers' zygotes it
+    forks, not a student's sandbox or chapter, not the command once the zygote has started.
+    And a worker's zygote that goes takes its students' sandboxes with it, and no one else's."""
+    workdir = tempfile.mkdtemp()
+    address = os.path.join(workdir, "clone")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(address)
+        listener.listen(16)
+        inode = os.fstat(listener.fileno()).st_ino
+        first = Zygote(FAST, hidden_paths(), workdir, listener)
+    try:
+        a, b = Zygote.cloned(FAST, address), Zygote.cloned(FAST, address)
+        for z in (first, a, b):
+            assert z.wait_ready(time.monotonic() + 60) is None, bytes(z.output)
+        code = ["import os\ndef fds(x):\n    return x + len(os.listdir('/proc/self/fd'))"]
+        with SandboxPool(FAST, zygote=a) as pool_a, SandboxPool(FAST, zygote=b) as pool_b:
+            with session(code, pool_a) as sa, session(code, pool_b) as sb:
+                sa.start()
+                sb.start()
+                assert sa.run(call("fds", torch.zeros(1))).outputs and sb.run(call("fds", torch.zeros(1))).outputs
+                assert all(isinstance(s.box.proc, _SpawnedBox) for s in (sa, sb))
+                (holder,) = _holders(inode)
+                with open(f"/proc/{holder}/status") as f:
+                    nspid = next(line for line in f if line.startswith("NSpid:")).split()
+                assert int(nspid[-1]) == first.ready.pid != a.ready.pid  # (pids in their sandbox)
+                assert procs.pids_of_uid(pool_a.uid)
+                a.kill()  # (its control socket closes: it kills its students' sandboxes and ends)
+                deadline = time.monotonic() + 10
+                while procs.pids_of_uid(pool_a.uid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not procs.pids_of_uid(pool_a.uid)
+                assert sb.run(call("fds", torch.zeros(1))).outputs
+        assert first.alive() and b.alive()
+    finally:
+        first.kill()
