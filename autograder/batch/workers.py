@@ -79,29 +79,24 @@ def _zygote(grader: Grader):
             from multiprocessing import util
 
             limits = grader.limits
-            zygote, workdir = None, None
-            if _CLONE_AT:
+            for cloned in ([True] if _CLONE_AT else []) + [False]:  # (a clone that fails: one of its own)
+                workdir = None if cloned else tempfile.mkdtemp(prefix="autograder-zygote-")
                 try:
-                    zygote = Zygote.cloned(limits, _CLONE_AT)
+                    zygote = Zygote.cloned(limits, _CLONE_AT) if cloned else Zygote(limits, hidden_paths(), workdir)
                 except OSError:
-                    zygote = None
-            if zygote is None:
-                workdir = tempfile.mkdtemp(prefix="autograder-zygote-")
-                try:
-                    zygote = Zygote(limits, hidden_paths(), workdir)
-                except OSError:
-                    os.rmdir(workdir)
-                    return None
+                    if workdir:
+                        os.rmdir(workdir)
+                    continue
 
-            def end() -> None:
-                zygote.kill()
-                if workdir:
-                    shutil.rmtree(workdir, ignore_errors=True)
-            atexit.register(end)
-            util.Finalize(None, end, exitpriority=10)  # a pool worker skips atexit
-            if zygote.wait_ready(time_now() + limits.startup_timeout) is None and _try(zygote):
-                _ZYGOTE = zygote
-            else:
+                def end(zygote=zygote, workdir=workdir) -> None:
+                    zygote.kill()
+                    if workdir:
+                        shutil.rmtree(workdir, ignore_errors=True)
+                atexit.register(end)
+                util.Finalize(None, end, exitpriority=10)  # a pool worker skips atexit
+                if zygote.wait_ready(time_now() + limits.startup_timeout) is None and _try(zygote):
+                    _ZYGOTE = zygote
+                    break
                 zygote.kill()
     return _ZYGOTE if _ZYGOTE and _ZYGOTE.usable_now() else None
 
@@ -240,6 +235,7 @@ def source_flags(todo) -> dict:
 
 
 MAX_ROUNDS = 3  # times a student is graded again after a worker process died under them
+ZYGOTE_DIED = 75  # a worker's exit status when its zygote died under a student (graded again)
 MAX_RESULT_BYTES = 4 << 20  # one student's result as the worker hands it back (JSON)
 
 
@@ -260,10 +256,15 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
 
     atomic.write_text(os.path.join(spool, key + ".pid"), str(os.getpid()))
     _settings.install(grader.settings)  # (the grader's, pickled with it: as the worker's start had them)
+    dead_before = bool(_ZYGOTE) and _ZYGOTE.dead
     try:
         chapters = grade_student(grader, todo)
     except Exception as e:
         chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
+    if _ZYGOTE and _ZYGOTE.dead and not dead_before:  # it died under the student, taking their
+        # sandboxes with it (no student can reach it: not their doing): this worker ends, and
+        # `run_all` grades them again
+        os._exit(ZYGOTE_DIED)
     data = {"chapters": [_capped_plain(SubmissionResult("", [c]).to_plain()["chapters"][0]) for c in chapters],
             "source": student_flags(chapters)}
     atomic.write_text(os.path.join(spool, key + ".json"), _shrunk(data))

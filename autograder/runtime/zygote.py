@@ -110,7 +110,13 @@ def _serve(ctl_fd: int, start: float, listen_fd: int | None = None) -> None:
     def spawn(message: p.Spawn, fds: list) -> bool:
         if len(fds) != 2:
             return False
-        pid = loop.fork()
+        try:
+            pid = loop.fork()
+        except OSError:  # (no process to be had now: that sandbox ended before it began)
+            p._close(fds)
+            loop.send(p.BoxEnded(message.token, 71))
+            loop.send(p.Spawned(message.token, 0))
+            return True
         if pid == 0:
             try:
                 _start_box(fds[0], fds[1], message.config, message.token, time.perf_counter())
@@ -158,7 +164,11 @@ def _clone(loop, listener, clones: list[int]) -> None:
         if not isinstance(message, p.Clone) or len(fds) != 2:
             p._close(fds)
             return
-        pid = loop.fork()
+        try:
+            pid = loop.fork()
+        except OSError:  # (the worker sees its socket's end and starts a zygote of its own)
+            p._close(fds)
+            return
         if pid == 0:
             try:
                 listener.close()

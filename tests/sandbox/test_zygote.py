@@ -4,6 +4,7 @@ give: no shared /tmp, /dev/shm, processes, loopback or IPC, no privileges, and a
 kills everything they can reach costs nobody else anything."""
 from __future__ import annotations
 
+import csv
 import os
 import socket
 import tempfile
@@ -298,3 +299,91 @@ def test_the_first_zygotes_listening_socket_reaches_no_one_it_forks():
         assert first.alive() and b.alive()
     finally:
         first.kill()
+
+
+def _first_zygote_pid() -> int | None:
+    """The batch's first zygote, seen from here: a zygote whose parent is bubblewrap (the
+    workers' zygotes are its forks)."""
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                parent = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"runtime.zygote import zygote" in cmd and parent.split(b"\0")[0].endswith(b"bwrap"):
+            return pid
+    return None
+
+
+SLOW_FIRST_CALL = """import time
+_softmax, _calls = softmax, []
+
+def softmax(x, dim=-1):
+    if not _calls:
+        _calls.append(time.sleep(3))
+    return _softmax(x, dim)
+"""
+
+
+def test_a_first_zygote_that_dies_under_students_has_them_graded_again(tmp_path):
+    """`batch`: the first zygote killed while students are graded (it takes every worker's
+    zygote and their students' sandboxes with it). Each worker whose student lost their
+    sandbox ends, and the batch grades them again (in sandboxes of their own): the scores are
+    those of a batch nothing happened to, and nothing is an error."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from grading_helpers import REPO
+
+    (tmp_path / "class").mkdir()
+    folder = _class(tmp_path / "class")
+    slow = folder / "good" / "01_intuition.ipynb"  # (its first call sleeps: the kill comes mid-call)
+    book = json.loads(slow.read_text())
+    book["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                          "source": SLOW_FIRST_CALL})
+    slow.write_text(json.dumps(book))
+    killed = []
+
+    def kill_when_a_student_runs() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            if _a_student_runs():
+                pid = _first_zygote_pid()
+                if pid:
+                    time.sleep(1.5)  # (the cells have run; the first call sleeps)
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.05)
+    threading.Thread(target=kill_when_a_student_runs, daemon=True).start()
+    r = subprocess.run([sys.executable, "-m", "autograder", "batch", str(folder), "--jobs", "2", "--csv",
+                        str(tmp_path / "grades.csv"), "--no-progress", "--device", "cpu", "--seed", "1234567"],
+                       check=False, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert killed, "the first zygote was never seen"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with open(tmp_path / "grades.csv", newline="") as f:
+        possible, *students = list(csv.DictReader(f))
+    rows = {row["Student"]: row for row in students}
+    assert set(rows) == {"good", "stub"} and all(row["Status"] == "ok" for row in students), rows
+    for chapter in ("01_intuition", "05_masks"):
+        assert rows["good"][chapter] == possible[chapter] and float(rows["stub"][chapter]) == 0
+
+
+def _a_student_runs() -> bool:
+    """Whether a process of a student's uid (the batch's range) is running."""
+    first, last = uid_range()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                uid = int(procs.status_field(f.read(), b"Uid").split()[0])
+        except (OSError, ValueError, IndexError, AttributeError):
+            continue
+        if first <= uid <= last:
+            return True
+    return False
