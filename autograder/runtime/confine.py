@@ -14,8 +14,11 @@ container mode).
 `autograder.session.memory_case`). That child's address space is capped (RLIMIT_AS, which counts every
 mapping, shared and file-backed ones included); this filter refuses what could hold memory
 outside any mapping of its own or compute beside it: anonymous shared mappings and
-`memfd_create` (shmem pages that outlive a mapping), System V `shmget`, and `socket` (another
-process of the student's reached over a socket would compute the score matrix for it).
+`memfd_create` (shmem pages that outlive a mapping), System V `shmget`, `socket` (another
+process of the student's reached over a socket would compute the score matrix for it), and
+new processes (`fork`, `vfork`, `clone` without CLONE_THREAD): each would have a cap of its
+own, and eight of them held the whole score matrix between them (a reviewer's notebook, stop
+42, scored the memory case). Threads share the capped address space, and stay allowed.
 """
 from __future__ import annotations
 
@@ -31,9 +34,12 @@ EPERM, ENOSYS = 1, 38
 # audit arch, unshare, clone, clone3 (clone's flags are its first argument on both)
 ARCHES = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
 
-# audit arch, mmap, memfd_create, shmget, socket
-HIDDEN_MEMORY_CALLS = {"x86_64": (0xC000003E, 9, 319, 29, 41), "aarch64": (0xC00000B7, 222, 279, 194, 198)}
+# audit arch, mmap, memfd_create, shmget, socket, fork, vfork, clone (aarch64 has no fork, vfork)
+NONE = 0xFFFFFFFF  # (no system call has this number)
+HIDDEN_MEMORY_CALLS = {"x86_64": (0xC000003E, 9, 319, 29, 41, 57, 58, 56),
+                       "aarch64": (0xC00000B7, 222, 279, 194, 198, NONE, NONE, 220)}
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # (MAP_SHARED_VALIDATE, 0x03, has the MAP_SHARED bit)
+CLONE_THREAD = 0x00010000
 
 # classic BPF opcodes
 LD_W_ABS, JEQ_K, JGE_K, JSET_K, RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
@@ -69,22 +75,27 @@ def _hidden_memory_program() -> bytes | None:
     arch = HIDDEN_MEMORY_CALLS.get(platform.machine())
     if arch is None:
         return None
-    audit, mmap, memfd, shmget, socket = arch
+    audit, mmap, memfd, shmget, socket, fork, vfork, clone = arch
     allow, eperm = SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    return b"".join([
+    return b"".join([  # (clone3, whose flags no classic filter reads, is ENOSYS: no_user_namespaces)
         _insn(LD_W_ABS, 0, 0, 4),              # 0: arch
-        _insn(JEQ_K, 0, 10, audit),            # 1: a foreign arch: -> 12
+        _insn(JEQ_K, 0, 15, audit),            # 1: a foreign arch: -> 17
         _insn(LD_W_ABS, 0, 0, 0),              # 2: syscall number
-        _insn(JGE_K, 8, 0, 0x40000000),        # 3: x32 numbering: -> 12
-        _insn(JEQ_K, 3, 0, mmap),              # 4: -> 8
-        _insn(JEQ_K, 6, 0, memfd),             # 5: -> 12
-        _insn(JEQ_K, 5, 0, shmget),            # 6: -> 12
-        _insn(JEQ_K, 4, 3, socket),            # 7: -> 12, else -> 11
-        _insn(LD_W_ABS, 0, 0, 40),             # 8: low 32 bits of the fourth argument (flags)
-        _insn(JSET_K, 0, 1, MAP_SHARED),       # 9: not shared -> 11
-        _insn(JSET_K, 1, 0, MAP_ANONYMOUS),    # 10: shared and anonymous -> 12
-        _insn(RET_K, 0, 0, allow),             # 11
-        _insn(RET_K, 0, 0, eperm),             # 12
+        _insn(JGE_K, 13, 0, 0x40000000),       # 3: x32 numbering: -> 17
+        _insn(JEQ_K, 8, 0, mmap),              # 4: -> 13
+        _insn(JEQ_K, 11, 0, memfd),            # 5: -> 17
+        _insn(JEQ_K, 10, 0, shmget),           # 6: -> 17
+        _insn(JEQ_K, 9, 0, socket),            # 7: -> 17
+        _insn(JEQ_K, 8, 0, fork),              # 8: -> 17
+        _insn(JEQ_K, 7, 0, vfork),             # 9: -> 17
+        _insn(JEQ_K, 0, 5, clone),             # 10: -> 11, else -> 16
+        _insn(LD_W_ABS, 0, 0, 16),             # 11: low 32 bits of the first argument (flags)
+        _insn(JSET_K, 3, 4, CLONE_THREAD),     # 12: a thread -> 16, else -> 17
+        _insn(LD_W_ABS, 0, 0, 40),             # 13: low 32 bits of mmap's fourth argument (flags)
+        _insn(JSET_K, 0, 1, MAP_SHARED),       # 14: not shared -> 16
+        _insn(JSET_K, 1, 0, MAP_ANONYMOUS),    # 15: shared and anonymous -> 17
+        _insn(RET_K, 0, 0, allow),             # 16
+        _insn(RET_K, 0, 0, eperm),             # 17
     ])
 
 

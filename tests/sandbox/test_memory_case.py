@@ -395,3 +395,62 @@ def test_no_process_of_the_student_runs_beside_the_capped_child(tmp_path):
     ch7 = next(c for c in result.chapters if c.chapter == CH)
     cases = online_cases(ch7.tests)
     assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
+
+
+# Eight processes, each under a cap of its own, holding the whole score matrix between them
+# (a quarter of one batch element's each, all at once), their results sent back over pipes (a
+# reviewer's notebook, stop 42: it scored the memory case before new processes were refused).
+FORKED = '''
+import math, os, pickle, time, torch
+
+def _part(q, k, v, mask, b, h, w):
+    Lq = q.size(-2)
+    s = q[b, h * Lq // 4:(h + 1) * Lq // 4] @ k[b].transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        s.masked_fill_(~mask.reshape(1, -1), float("-inf"))
+    mx = s.amax(-1, keepdim=True)
+    s.sub_(mx).exp_()
+    l = s.sum(-1)
+    time.sleep(1.0)  # (all eight hold their scores at once)
+    with os.fdopen(w, "wb") as f:
+        f.write(pickle.dumps(((s @ v[b]) / l.unsqueeze(-1), mx.squeeze(-1) + torch.log(l))))
+    os._exit(0)
+
+def _forked(q, k, v, mask):
+    B, Lq = q.shape[0], q.size(-2)
+    jobs = []
+    for b in range(B):
+        for h in range(4):
+            r, w = os.pipe()
+            if os.fork() == 0:
+                os.close(r)
+                _part(q, k, v, mask, b, h, w)
+            os.close(w)
+            jobs.append((b, h, r))
+    out, lse = torch.empty((B, Lq, v.size(-1)), dtype=q.dtype), torch.empty((B, Lq), dtype=q.dtype)
+    for b, h, r in jobs:
+        with os.fdopen(r, "rb") as f:
+            out[b, h * Lq // 4:(h + 1) * Lq // 4], lse[b, h * Lq // 4:(h + 1) * Lq // 4] = pickle.loads(f.read())
+    return out, lse
+
+_solution = online_softmax_attention
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    return _forked(q, k, v, mask) if k.size(-2) > 100000 else _solution(q, k, v, mask, block_size)
+'''
+
+
+@pytest.mark.needs_bwrap
+def test_the_score_matrix_split_among_forked_processes_loses_the_memory_case(tmp_path):
+    """Each process has a cap of its own: the memory case's child may start threads (they share
+    its capped address space), no process."""
+    notebook = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(notebook.cells) if "def online_softmax_attention" in c.source)
+    notebook.cells.insert(at + 1, nbformat.v4.new_code_cell(FORKED))
+    nb = tmp_path / f"{CH}.ipynb"
+    nbformat.write(notebook, nb)
+    (chapter,) = Grader(device="cpu").grade_path(nb).chapters
+    assert memory_lost(online_cases(chapter.tests))
+    (memory,) = [c for c in online_cases(chapter.tests) if c.case.startswith("memory")]
+    assert "Operation not permitted" in memory.message, memory.message
+

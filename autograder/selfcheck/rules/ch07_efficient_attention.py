@@ -52,8 +52,8 @@ def compare(call, student, expected, notes=None):
         return m
     if m and call.capped_memory and m.aspect == "error" and "Operation not permitted" in m.message:
         m.message = (f"refused: the memory case runs where shared memory (mmap.mmap(-1, n), memfd, "
-                     f"shmget) and sockets are refused, since memory there would escape the cap of "
-                     f"{_CAP_WORDS}. {m.message}")
+                     f"shmget), sockets and new processes (threads are fine) are refused, since "
+                     f"memory there would escape the cap of {_CAP_WORDS}. {m.message}")
         m.hint = MEMORY_HINT
         return m
     if m or not (call.measure_memory or call.capped_memory) or call.exercise != "online_softmax_attention":
