@@ -172,6 +172,22 @@ def kill_uid(uid: int, rounds: int = 20, backstop: bool = True) -> None:
         _kill_all_as(uid)
 
 
+def as_uid(uid: int, action) -> int:
+    """Run `action()` (plain system calls only) in a forked process that is `uid`, and wait
+    for it: a keyring belongs to its uid, whose processes alone reach it. Its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            status = int(action() or 0)
+        finally:
+            os._exit(status)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def _kill_all_as(uid: int) -> None:
     """kill(-1, SIGKILL) from a process of `uid`: the kernel signals every process of the uid
     at once, which a scan of /proc cannot do for one that forks and exits over and over (its pid
@@ -179,16 +195,7 @@ def _kill_all_as(uid: int) -> None:
     that is neither root's nor this process's (kill(-1) spares the caller, nothing else)."""
     if not hasattr(os, "fork") or os.geteuid() != 0 or uid in (0, os.getuid()):
         return
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
     try:
-        os.waitpid(pid, 0)
+        as_uid(uid, lambda: os.kill(-1, signal.SIGKILL))
     except ChildProcessError:
         pass

@@ -17,27 +17,13 @@ import os
 import stat
 import sys
 
+from ..runtime.procs import as_uid
+
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 KEYCTL = {"x86_64": 250, "aarch64": 219, "i686": 288, "ppc64le": 287, "s390x": 280}  # syscall numbers
 KEYCTL_CLEAR, USER_KEYRING, USER_SESSION_KEYRING = 7, -4, -5
 IPC_RMID = 0
-
-
-def as_uid(uid: int, action) -> int:
-    """Run `action()` (plain system calls only) in a forked process that is `uid`, and wait
-    for it: a keyring belongs to its uid, whose processes alone reach it. Its exit status."""
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            status = int(action() or 0)
-        finally:
-            os._exit(status)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 _DIR_FLAGS = (os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK  # (a FIFO swapped in: no wait)
