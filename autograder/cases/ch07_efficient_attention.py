@@ -52,20 +52,22 @@ def _online_cases(gen, quick):
         return cs + _online_rule_cases(gen, g)
     # The grader scores memory where the student's process cannot reach: this call runs in a
     # child whose memory the kernel caps (Limits.memory_case, 192 MiB above what it holds at its
-    # start, the notebook's own cells included) below the score matrix of all keys (2^26
-    # entries: 512 MiB in float64, 256 MiB even in float32), while a block's scores (2 MiB) fit
-    # dozens of times over, whatever the allocator keeps. One such case: it is the costliest of
-    # the course (about 0.5 s for the reference solution), and not made smaller: what the
-    # notebook's cells hold counts against the cap, so half the case under half the cap failed
-    # honest notebooks that import matplotlib or scipy (stop 41, backed out). (The self-check's
-    # recorder case above is a diagnosis in the student's own process; the grader does not
-    # run it.)
-    padding = torch.rand(1, 131072, generator=gen) > 0.1
+    # start, the notebook's own cells included) below the score matrix of all keys: 2^26 float32
+    # entries, 256 MiB, while a block's scores (512 KiB) fit hundreds of times over, whatever the
+    # allocator keeps. One batch element: with two (stop 39's float32 case), one element's whole
+    # matrix at a time was half of it, 128 MiB, and fit under the cap (float64 kept that out at
+    # twice the cost: 0.5 s for the reference, the costliest case of the course; float32, 0.2 s,
+    # and half the bytes to send). Not a smaller matrix under a smaller cap: what the notebook's
+    # cells hold counts against the cap, so half the case under half the cap failed honest
+    # notebooks that import matplotlib or scipy (stop 41, backed out). (The self-check's recorder
+    # case above is a diagnosis in the student's own process; the grader does not run it.)
+    padding = torch.rand(1, 262144, generator=gen) > 0.1
     cs = [c for c in cs if not c.measure_memory]
     return cs + [
-        call("memory: batch (2,), L_q=256, L_k=131072 in blocks of 512, padding mask (1, L_k), memory "
-             "capped below the L_q x L_k score matrix", randn(gen, 2, 256, 2), randn(gen, 2, 131072, 2),
-             randn(gen, 2, 131072, 2), kwargs={"mask": padding, "block_size": 512}, capped_memory=True),
+        call("memory: batch (1,), L_q=256, L_k=262144 in blocks of 512, float32, padding mask (1, L_k), memory "
+             "capped below the L_q x L_k score matrix", randn(gen, 1, 256, 2).float(),
+             randn(gen, 1, 262144, 2).float(), randn(gen, 1, 262144, 2).float(),
+             kwargs={"mask": padding, "block_size": 512}, dtype="float32", capped_memory=True),
         call("block_size=16 larger than L_k=6, unbatched (gradients too)",
              randn(gen, 4, 3), randn(gen, 6, 3), randn(gen, 6, 2), kwargs={"block_size": 16}, grad=g),
         call("default block_size (64) with L_k=70, batch (2,)",

@@ -147,9 +147,9 @@ def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path
     assert memory.message.startswith(("the call ran out of memory", "refused: the memory case")), memory.message
 
 
-# The whole L_q x L_k scores of one batch element at a time (2^25 scores: 256 MiB in the case's
-# float64), the honest solution everywhere else. A float32 case (stop 39, backed out) let this
-# through: 128 MiB fit under the cap.
+# The whole L_q x L_k scores of one batch element at a time, the honest solution everywhere else.
+# Stop 39's float32 case had two elements and let this through: one element's matrix, 128 MiB,
+# fit under the cap. The case has one element now: its matrix is the whole one, 256 MiB.
 PER_ELEMENT = '''
 import math, torch
 _honest = online_softmax_attention
@@ -200,9 +200,10 @@ def test_the_attack_is_a_real_one_where_memory_is_not_capped(tmp_path):
     ref = execute(_reference_namespace(), memory)
     got = execute(ns, memory)
     assert got.error is None, got.error
-    import torch
+    from autograder.grading.compare import value_error
 
-    assert torch.allclose(got.outputs[0], ref.outputs[0], atol=1e-8)
+    assert memory.dtype == "float32"
+    assert value_error(got.outputs[0], ref.outputs[0], memory.dtype) is None  # (the grader's own rule)
 
 
 def _reference_namespace() -> dict:
