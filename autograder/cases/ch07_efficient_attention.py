@@ -54,10 +54,12 @@ def _online_cases(gen, quick):
     # child whose memory the kernel caps (Limits.memory_case, 192 MiB above what it holds at its
     # start, the notebook's own cells included) below the score matrix of all keys: 2^26 float32
     # entries, 256 MiB, while a block's scores (512 KiB) fit hundreds of times over, whatever the
-    # allocator keeps. One batch element: with two (stop 39's float32 case), one element's whole
-    # matrix at a time was half of it, 128 MiB, and fit under the cap (float64 kept that out at
-    # twice the cost: 0.5 s for the reference, the costliest case of the course; float32, 0.2 s,
-    # and half the bytes to send). Not a smaller matrix under a smaller cap: what the notebook's
+    # allocator keeps. One batch element: with two, one element's whole matrix at a time is half
+    # of it, 128 MiB, and fits (stop 39's float32 case; the float64 case of stops 39-42 let it
+    # through too, computed in float32, a reviewer found). It is the costliest case of the
+    # course: the reference's capped child 0.37 s of CPU, 0.51 s in float64, with half the bytes
+    # to send. The cap cannot tell a block from a matrix of fewer rows (a quarter or half of the
+    # queries at a time) or of half precision. Not a smaller matrix under a smaller cap: what the notebook's
     # cells hold counts against the cap, so half the case under half the cap failed honest
     # notebooks that import matplotlib or scipy (stop 41, backed out). (The self-check's recorder
     # case above is a diagnosis in the student's own process; the grader does not run it.)

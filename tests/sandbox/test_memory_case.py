@@ -1,7 +1,7 @@
 """The memory case, measured so that nothing hides from it, and capped only where it is measured.
 
 Each attack is a student's chapter 7 notebook whose `online_softmax_attention` holds the whole
-L_q x L_k score matrix (512 MiB in the memory case) where RLIMIT_DATA does not count it: an
+L_q x L_k score matrix (256 MiB in the memory case) where RLIMIT_DATA does not count it: an
 anonymous shared mapping (`mmap.mmap(-1, n)`, M1 of issue 27), a memfd, files in /dev/shm or
 /tmp mapped shared. Before: each scored the memory case (10/10 on the exercise). Now the memory
 case's child has its address space capped and a seccomp filter (`confine.no_hidden_memory`):
@@ -167,20 +167,26 @@ def _whole(q, k, v, mask):
 def online_softmax_attention(q, k, v, mask=None, block_size=64):
     if k.shape[-2] < 4096 or q.dim() != 3 or (mask is not None and mask.dtype != torch.bool):
         return _honest(q, k, v, mask, block_size)
-    outs = [_whole(q[b], k[b], v[b], mask) for b in range(q.shape[0])]
-    return torch.stack([o for o, _ in outs]), torch.stack([x for _, x in outs])
+    outs = [_whole(q[b].to(AS), k[b].to(AS), v[b].to(AS), mask) for b in range(q.shape[0])]
+    return torch.stack([o for o, _ in outs]).to(q.dtype), torch.stack([x for _, x in outs]).to(q.dtype)
 '''
 
 
 @pytest.mark.needs_bwrap
-def test_one_batch_elements_whole_score_matrix_at_a_time_loses_the_memory_case(tmp_path):
+@pytest.mark.parametrize("dtype", ["q.dtype", "torch.float32"])
+def test_one_batch_elements_whole_score_matrix_at_a_time_loses_the_memory_case(tmp_path, dtype):
+    """In the inputs' dtype, and in float32 (which the float64 case of stops 39-42 let through:
+    one element's matrix was 128 MiB there, a reviewer found)."""
     nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PER_ELEMENT))
+    nb.cells.append(nbformat.v4.new_code_cell(PER_ELEMENT.replace(".to(AS)", f".to({dtype})")))
     path = tmp_path / f"{CH}.ipynb"
     nbformat.write(nb, path)
     (chapter,) = Grader(device="cpu").grade_path(path).chapters
     cases = online_cases(chapter.tests)
     assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
+    (memory,) = [c for c in cases if c.case.startswith("memory")]
+    assert memory.message.startswith("the call ran out of memory"), memory.message
+    assert "less than the 256 MiB that all L_q x L_k scores take in float32" in memory.message, memory.message
 
 
 @pytest.mark.needs_bwrap

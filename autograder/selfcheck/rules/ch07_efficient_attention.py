@@ -14,10 +14,11 @@ _CAP_WORDS = "192 MiB (Limits.memory_case)"  # (the student's package has no san
 
 
 def _scores_size(call) -> str:
+    """What all L_q x L_k scores of the call take, in the dtype it runs in."""
     q, k = call.args[0], call.args[1]
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    n = math.prod(batch) * q.shape[-2] * k.shape[-2] * 8
-    return f"{n / 2**30:.3g} GiB"
+    n = math.prod(batch) * q.shape[-2] * k.shape[-2] * getattr(torch, call.dtype).itemsize
+    return f"the {n / 2**20:.0f} MiB that all L_q x L_k scores take in {call.dtype}"
 
 
 def memory_limit(call, expected) -> int:
@@ -47,7 +48,7 @@ def compare(call, student, expected, notes=None):
     if m and call.capped_memory and m.aspect in ("error", "crash") and \
             any(w in m.message for w in _OUT_OF_MEMORY):
         m.message = (f"the call ran out of memory: it may allocate {_CAP_WORDS} beyond what the process "
-                     f"holds, less than the {_scores_size(call)} of all L_q x L_k scores in float64. {m.message}")
+                     f"holds, less than {_scores_size(call)}. {m.message}")
         m.hint = MEMORY_HINT
         return m
     if m and call.capped_memory and m.aspect == "error" and "Operation not permitted" in m.message:
