@@ -187,6 +187,7 @@ def test_one_batch_elements_whole_score_matrix_at_a_time_loses_the_memory_case(t
     (memory,) = [c for c in cases if c.case.startswith("memory")]
     assert memory.message.startswith("the call ran out of memory"), memory.message
     assert "less than the 256 MiB that all L_q x L_k scores take in float32" in memory.message, memory.message
+    assert "before the notebook's cells ran (what they import and keep counts too)" in memory.message
 
 
 @pytest.mark.needs_bwrap

@@ -48,7 +48,8 @@ def compare(call, student, expected, notes=None):
     if m and call.capped_memory and m.aspect in ("error", "crash") and \
             any(w in m.message for w in _OUT_OF_MEMORY):
         m.message = (f"the call ran out of memory: it may allocate {_CAP_WORDS} beyond what the process "
-                     f"holds, less than {_scores_size(call)}. {m.message}")
+                     f"held before the notebook's cells ran (what they import and keep counts too), less "
+                     f"than {_scores_size(call)}. {m.message}")
         m.hint = MEMORY_HINT
         return m
     if m and call.capped_memory and m.aspect == "error" and "Operation not permitted" in m.message:
