@@ -51,18 +51,14 @@ def _online_cases(gen, quick):
     if quick:
         return cs + _online_rule_cases(gen, g)
     # The grader scores memory where the student's process cannot reach: this call runs in a
-    # child whose memory the kernel caps (Limits.memory_case, 192 MiB above what it holds at its
-    # start, the notebook's own cells included) below the score matrix of all keys: 2^26 float32
-    # entries, 256 MiB, while a block's scores (512 KiB) fit hundreds of times over, whatever the
-    # allocator keeps. One batch element: with two, one element's whole matrix at a time is half
-    # of it, 128 MiB, and fits (stop 39's float32 case; the float64 case of stops 39-42 let it
-    # through too, computed in float32, a reviewer found). It is the costliest case of the
-    # course: the reference's capped child 0.37 s of CPU, 0.51 s in float64, with half the bytes
-    # to send. The cap cannot tell a block from a matrix of fewer rows (a quarter or half of the
-    # queries at a time) or of half precision. Not a smaller matrix under a smaller cap: what the notebook's
-    # cells hold counts against the cap, so half the case under half the cap failed honest
-    # notebooks that import matplotlib or scipy (stop 41, backed out). (The self-check's recorder
-    # case above is a diagnosis in the student's own process; the grader does not run it.)
+    # child whose memory the kernel caps (Limits.memory_case, 192 MiB above what it holds before
+    # the notebook's cells run) below the whole score matrix: 2^26 float32 scores, 256 MiB, while
+    # a block's scores (512 KiB) fit hundreds of times over. One batch element, so that one
+    # element's matrix is the whole matrix (with two, it was 128 MiB and fit). Not smaller under
+    # a smaller cap: the cells' own imports count against it. What the cap cannot tell from a
+    # block (fewer query rows, half precision) and the measured history: docs/security.md,
+    # docs/performance.md. (The self-check's recorder case above runs in the student's own
+    # process; the grader does not run it.)
     padding = torch.rand(1, 262144, generator=gen) > 0.1
     cs = [c for c in cs if not c.measure_memory]
     return cs + [
