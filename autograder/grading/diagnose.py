@@ -20,11 +20,16 @@ def _blamed(c: CaseResult, name: str) -> bool:
     return c.aspect in PREREQUISITE_ASPECTS or (c.aspect == "error" and f", in {name}" in c.message)
 
 
+def failing_exercises(tests: list[TestResult]) -> set[str]:
+    """The exercises whose CPU test lost points: the foundations a diagnosis may blame."""
+    return {t.exercise for t in tests if t.device == "cpu" and t.score < t.max_score}
+
+
 def point_to_failing_foundations(chapter: Chapter, tests: list[TestResult]) -> None:
     """Where a case fails without a hint, and an exercise it builds on fails its own tests and
     was called by this case (and can cause this kind of failure), say so: the mistake is most
     likely there (e.g. SelfAttention over a wrong scaled_dot_product_attention)."""
-    failing = {t.exercise for t in tests if t.device == "cpu" and t.score < t.max_score}
+    failing = failing_exercises(tests)
     for t in tests:
         candidates = [b for b in chapter.exercise(t.exercise).builds_on if b in failing]
         for c in t.cases:

@@ -32,7 +32,7 @@ from .variants import device_plan
 from ..references.cache import REFERENCES
 from .scoring import zero_chapter
 from .judge import grade_exercise
-from .diagnose import point_to_failing_foundations
+from .diagnose import failing_exercises, point_to_failing_foundations
 
 
 def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: list[str], seed: int,
@@ -44,10 +44,10 @@ def grade_chapter(chapter: Chapter, run: Callable[[Call], Outcome], devices: lis
     references = REFERENCES if references is None else references
     static, notebook = _static_findings(chapter, cells, seed, quick, references)
     tests = []
-    for ex in chapter.exercises:
+    for ex in chapter.exercises:  # (in order: an exercise builds on earlier ones only)
         if exercises is None or ex.name in exercises:
             tests += grade_exercise(chapter, ex, run, devices, seed, quick, static.get(ex.name), notebook,
-                                    references)
+                                    references, failing=failing_exercises(tests))
     point_to_failing_foundations(chapter, tests)
     return tests
 

@@ -4,6 +4,7 @@ changes found in the source taken into account, and the exercise scored."""
 from __future__ import annotations
 
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -65,13 +66,15 @@ def _static_inplace(static, notebook, call: Call) -> Mismatch | None:
 
 def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome], devices: list[str],
                    seed: int, quick: bool = False, static=None, notebook=None,
-                   references=None) -> list[TestResult]:
+                   references=None, failing: set | None = None) -> list[TestResult]:
     """Every test of one exercise; `run` executes a Call on the student's side. A portability
     case (meta, CUDA) earns credit only where the same case is correct on the CPU. `static`:
     what the notebook's source shows (`findings.ExerciseFindings` of this exercise, with
     the parsed `notebook`), where the grader has the source: forbidden built-ins and in-place
     changes of inputs, which the student's process cannot hide from it. references: the
     reference outcomes (`references.cache.ReferenceCache`; default the process's REFERENCES).
+    failing: the chapter's exercises that failed their CPU tests so far, the only ones of
+    those this one builds on whose use the student's side records (`Call.watch`; None: all).
     The device check of a code path none of whose cases is correct on the CPU is not run: it
     could earn nothing, and the CPU's failure is the feedback."""
     references = REFERENCES if references is None else references
@@ -81,6 +84,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     cpu_rows: dict[int, CaseResult] = {}  # (what a device row uses is its CPU row's: `execute` records none)
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
     missing = False  # the CPU test stopped on a name the notebook does not define
+    watch = None if failing is None or not ex.builds_on else [b for b in ex.builds_on if b in failing]
     for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
@@ -97,7 +101,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_rows)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
-            student = run(c)
+            student = run(replace(c, watch=watch) if watch is not None and device == "cpu" else c)
             verdict, expected = _judge_case(ex, c, key, student, references)
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch

@@ -285,7 +285,8 @@ def execute(namespace: dict, call: Call, reraise: tuple = (), trusted: bool = Fa
 
     `record`: note which of the exercises this one builds on the code calls (`Outcome.called`,
     for `grading/diagnose.py`), on a CPU case only: a device row takes its CPU twin's
-    (`judge.grade_exercise`). The hook costs a quarter of the device check's CPU. Off for the
+    (`judge.grade_exercise`), and of those in `call.watch` where it names them (the grader's:
+    the ones that failed). The hook slows every Python call while it is on. Off for the
     reference's runs, whose calls nobody reads."""
     target = namespace.get(call.target)
     if target is None:
@@ -311,13 +312,16 @@ def at_float32(namespace: dict, call: Call) -> dict | None:
 
 
 def _prerequisites(namespace: dict, call: Call) -> dict:
-    """code object -> exercise name, for the exercises `call`'s exercise builds on, as the
-    namespace defines them (a function, a method of its owner, or a module's forward)."""
+    """code object -> exercise name, for the exercises `call`'s exercise builds on (those in
+    `call.watch` where it names them), as the namespace defines them (a function, a method of
+    its owner, or a module's forward)."""
     chapter = CHAPTERS.get(call.chapter)
     try:
         builds_on = chapter.exercise(call.exercise).builds_on if chapter else ()
     except KeyError:
         return {}
+    if call.watch is not None:
+        builds_on = [name for name in builds_on if name in call.watch]
     codes = {}
     for name in builds_on:
         pre = chapter.exercise(name)

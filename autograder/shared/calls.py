@@ -72,6 +72,10 @@ class Call:
             seccomp filter against memory that escapes both); no other case is capped.
         answer: the target is a plain value (a "predict" exercise's answer: a number or a nested
             list of numbers), not called but read, as a float64 CPU tensor (execute.py).
+        watch: the exercises it builds on whose use the child records (`Outcome.called`):
+            None for all of them (the self-check); the grader names those that failed their
+            own tests, the only ones a diagnosis blames (`grading/diagnose.py`), since the
+            recording hook slows every Python call (a sixth of a solution's graded calls).
     """
 
     chapter: str
@@ -93,6 +97,7 @@ class Call:
     measure_memory: bool = False
     capped_memory: bool = False
     answer: bool = False
+    watch: list | None = None
 
     def to_plain(self) -> dict:
         return asdict(self)
@@ -135,8 +140,9 @@ class Outcome:
         inputs_modified: names of arguments changed in place.
         forbidden: forbidden ops or functions seen while the call ran.
         seconds: wall time of the call.
-        called: the exercises this one builds on (contract `builds_on`) that the call ran, so
-            a failure is blamed on a prerequisite only where the student's code used it.
+        called: the exercises this one builds on (contract `builds_on`; those in `Call.watch`
+            where it names some) that the call ran, so a failure is blamed on a prerequisite
+            only where the student's code used it.
         largest_tensor: with Call.measure_memory, the most elements held by any tensor an op
             created while the call ran (views excluded), and that op's name: [numel, "aten.mm"].
         at_float32: on a reference outcome of a float64 case only (never read from a child):

@@ -3,13 +3,16 @@ actual mistake, never blames an exercise the code does not use, and every hint t
 code is right: the suggestion, applied to the mistaken port, gets full marks."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from grading_helpers import full, grade_in, namespace_of
+from grading_helpers import GRADER, full, grade_in, namespace_of
 from ports import PORTS
 
 from autograder.report.text import exercise_lines
+from autograder.shared.contract import CHAPTERS
 
 BY_NAME = {p.name: p for p in PORTS}
 
@@ -76,6 +79,39 @@ def test_only_a_cpu_case_of_the_students_records_what_it_calls():
     assert execute(ns, mha).called == ["merge_heads", "split_heads"]
     assert execute(ns, mha.on("fake-cuda", "float32")).called == []
     assert execute(ns, mha, trusted=True, record=False).called == []  # (the reference's runs)
+    # The grader's calls name the prerequisites to watch: those that failed (`Call.watch`).
+    assert execute(ns, dataclasses.replace(mha, watch=["merge_heads"])).called == ["merge_heads"]
+    assert execute(ns, dataclasses.replace(mha, watch=[])).called == []
+
+
+def _watched(chapter: str, ns: dict) -> dict:
+    """exercise -> the `Call.watch` of each CPU call the grader made, grading `ns` in full."""
+    from autograder.grading.grader import grade_chapter
+    from autograder.runtime.execute import execute
+
+    seen: dict = {}
+
+    def run(call):
+        if call.device == "cpu":
+            seen.setdefault(call.exercise, []).append(call.watch)
+        return execute(ns, call)
+    grade_chapter(CHAPTERS[chapter], run, GRADER.devices, GRADER.seed)
+    return seen
+
+
+def test_the_grader_watches_only_the_prerequisites_that_failed():
+    """The recording hook slows every Python call of the student's code: a student whose
+    foundations pass has none of their calls watched; one whose merge_heads fails has that
+    one watched, and split_heads not."""
+    solution = _watched("03_multi_head_attention", namespace_of("03_multi_head_attention"))
+    assert solution["MultiHeadAttention"] and all(w == [] for w in solution["MultiHeadAttention"])
+    assert all(w is None for w in solution["split_heads"])  # (it builds on nothing)
+    wrong = _watched("03_multi_head_attention", namespace_of("03_multi_head_attention", """
+def merge_heads(x):
+    return x.transpose(-3, -2).flatten(-2) * 2
+"""))
+    assert all(w == ["merge_heads"] for w in wrong["MultiHeadAttention"]), wrong["MultiHeadAttention"]
+    assert all(w == ["merge_heads"] for w in wrong["MultiHeadSelfAttention"])
 
 
 def test_a_renamed_keyword_is_named():
