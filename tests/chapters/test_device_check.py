@@ -260,6 +260,55 @@ def test_meta_tensors_run_torchs_cpp_kernels_and_compiled_code_still_runs():
         torch.testing.assert_close(compiled(q), attend(q))
 
 
+def test_an_op_whose_composite_kernel_is_cudas_runs_it_on_meta():
+    """masked_fill has one C++ kernel for every device (no Python meta kernel after the swap):
+    on meta it runs that kernel, as a GPU does, and gives what the CPU gives (shape, strides,
+    dtype), whatever the layout of its input or the broadcasting of its mask."""
+    import sys
+
+    from autograder.runtime.device_check import native_meta_kernels
+
+    native_meta_kernels()
+    x = torch.randn(2, 3, 5, 4).transpose(-1, -2)
+    for mask in (torch.rand(5, 4).transpose(0, 1) > 0.5, torch.rand(2, 1, 1, 5) > 0.5, torch.rand(3, 4, 5) > 0.5):
+        want = x.masked_fill(mask, float("-inf"))
+        files = []
+        sys.setprofile(lambda frame, event, arg: files.append(frame.f_code.co_filename) if event == "call" else None)
+        try:
+            got = x.to("meta").masked_fill(mask.to("meta"), float("-inf"))
+        finally:
+            sys.setprofile(None)
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        assert not [f for f in files if "torch" in f], sorted(set(files))
+    # (A mask that is not boolean passes on meta, where only CPU and CUDA kernels check its
+    # dtype: the CPU's case fails first, and its device row earns nothing then.)
+
+
+def test_no_op_left_to_its_composite_kernel_has_a_cuda_kernel_of_its_own():
+    """`_composite_is_cudas` holds for the ops that lost their Python meta kernel only where
+    the yaml torch ships gives them no dense CUDA kernel other than the composite one (else a
+    GPU runs other code): checked in a fresh process, before the swap."""
+    pytest.importorskip("yaml")
+    script = (
+        "import os, torch, yaml, torchgen\n"
+        "import torch._meta_registrations as registrations\n"
+        "from autograder.runtime.device_check import _composite_is_cudas\n"
+        "path = os.path.join(os.path.dirname(torchgen.__file__), 'packaged/ATen/native/native_functions.yaml')\n"
+        "registered = torch._C._dispatch_get_registrations_for_dispatch_key\n"
+        "before = set(registered('Meta'))\n"
+        "registrations._meta_lib_dont_use_me_use_register_meta._destroy()\n"
+        "lost = before - set(registered('Meta'))\n"
+        "chosen, own = [n for n in lost if _composite_is_cudas(n)], []\n"
+        "for entry in yaml.safe_load(open(path)):\n"
+        "    name = 'aten::' + entry['func'].split('(')[0]\n"
+        "    keys = {k.strip(): f for ks, f in entry.get('dispatch', {}).items() for k in ks.split(',')}\n"
+        "    if name in chosen and 'CUDA' in keys and keys['CUDA'] != keys.get('CompositeExplicitAutograd'):\n"
+        "        own.append(name)\n"
+        "print(len(chosen), own)\n")
+    chosen, own = _python(script).split(" ", 1)
+    assert int(chosen) > 100 and own.strip() == "[]", own
+
+
 def test_threads_entering_the_check_together_never_meet_an_op_without_its_meta_kernel():
     """The swap to C++ meta kernels happens on the first entry, which the grader's reference
     warm-up thread and its grading threads may make at once: none may run a meta op while
