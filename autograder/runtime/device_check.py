@@ -25,6 +25,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import meta_kernels
+
 FAKE_CUDA = "fake-cuda"   # the device name of the check, in Calls, results and reports
 DEVICE_CHECKS = ("meta", FAKE_CUDA)  # device rows judged on shapes, dtypes and devices only
 _META = torch.device("meta")
@@ -232,8 +234,8 @@ def native_meta_kernels() -> None:
     changes: each op keeps its Python kernel for the Python dispatcher (`py_impl`), which fake
     tensors and so `torch.compile` use (tests/chapters/test_device_check.py compiles with
     dynamic shapes after it), and an op without a C++ meta kernel gets its Python one back,
-    unless its C++ composite kernel is the one CUDA runs (`_composite_is_cudas`: about 400
-    ops, masked_fill and views among them; the solutions' device check 0.30 -> 0.21 s).
+    unless `meta_kernels` has CUDA's for it (where, layer_norm) or its C++ composite kernel is
+    the one CUDA runs (about 400 ops, masked_fill and views among them).
     The reference's and the student's meta runs both go through here, so they compare alike;
     where torch's internals are not as expected, nothing changes (the check is only slower).
     Thread-safe: another thread entering `FakeCuda` meanwhile waits here (between the removal
@@ -266,33 +268,16 @@ def _swap_meta_kernels():
     python._destroy()
     kept = torch.library.Library("aten", "IMPL", "Meta")
     for name in before - set(registered("Meta")):  # (the ops left without a meta kernel)
-        if _composite_is_cudas(name):
-            continue  # (meta tensors now run the C++ kernel a GPU runs: `_composite_is_cudas`)
-        if name in kernels:
+        if meta_kernels.composite_is_cudas(name):
+            continue  # (meta tensors now run the C++ kernel a GPU runs)
+        for kernel in (meta_kernels.KERNELS.get(name), kernels.get(name)):  # (CUDA's, else torch's)
             try:
-                kept.impl(*kernels[name])
+                if kernel is not None:
+                    kept.impl(*kernel)
+                    break
             except Exception:
                 pass
     return kept
-
-
-# Ops whose C++ composite kernel is not the one CUDA runs (native_functions.yaml gives them a
-# CUDA kernel of their own), in the torch this project pins: `_composite_is_cudas` leaves them
-# their Python meta kernel (tests/chapters/test_device_check.py checks the list against the
-# yaml torch ships).
-_OWN_CUDA_KERNEL = frozenset({"aten::_chunk_cat", "aten::_chunk_cat.out", "aten::_foreach_norm.Scalar",
-                              "aten::_grouped_mm", "aten::split_with_sizes_copy.out"})
-
-
-def _composite_is_cudas(name: str) -> bool:
-    """Whether the op `name` (one left without a meta kernel) runs on meta tensors as it does
-    on CUDA through its C++ CompositeExplicitAutograd kernel: one kernel for every device,
-    with no CPU kernel of its own (nor a CUDA one). masked_fill is such an op: there it takes
-    11 us where its Python meta kernel took 290 us (166 calls in the solutions' device check),
-    and runs CUDA's own code."""
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return (name not in _OWN_CUDA_KERNEL and has(name, "CompositeExplicitAutograd")
-            and not has(name, "CPU"))
 
 
 class FakeCuda:

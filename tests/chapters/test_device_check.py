@@ -229,8 +229,9 @@ def test_the_device_check_runs_without_importing_torch_dynamo():
 def test_meta_tensors_run_torchs_cpp_kernels_and_compiled_code_still_runs():
     """`native_meta_kernels`: a plain meta op runs PyTorch's C++ meta kernel where there is one
     (no Python of torch's decompositions or meta registrations), an op without one keeps its
-    Python kernel, and `torch.compile` with dynamic shapes (fake tensors: the Python
-    dispatcher) still gives eager's values, as an honest student's compiled model needs."""
+    Python kernel (or takes `meta_kernels`' CUDA-like one), and `torch.compile` with dynamic
+    shapes (fake tensors: the Python dispatcher) still gives eager's values, as an honest
+    student's compiled model needs."""
     import sys
 
     from autograder.runtime.device_check import native_meta_kernels
@@ -246,7 +247,7 @@ def test_meta_tensors_run_torchs_cpp_kernels_and_compiled_code_still_runs():
     assert out.shape == (4, 5) and out.device.type == "meta"
     assert not [f for f in files if "torch" in f], sorted(set(files))
     x = torch.empty(2, 3, 6, device="meta")
-    assert F.layer_norm(x, (6,)).shape == x.shape  # (no C++ meta kernel: the Python one)
+    assert F.layer_norm(x, (6,)).shape == x.shape  # (no C++ meta kernel: `meta_kernels`' CUDA-like one)
     with pytest.raises(Exception, match="(?i)meta"):
         torch.ones(3, device="meta").nonzero()
 
@@ -284,6 +285,80 @@ def test_an_op_whose_composite_kernel_is_cudas_runs_it_on_meta():
     # dtype: the CPU's case fails first, and its device row earns nothing then.)
 
 
+def _layouts(gen, shape, dtype=torch.float32):
+    """A CPU tensor of `shape` and `dtype` in a random layout (transposed, permuted, sliced with
+    a step, expanded from size 1) and the same views of a meta tensor: (cpu, meta)."""
+    import random
+
+    rng = random.Random(gen)
+    base_shape = [s * 2 if rng.random() < 0.3 else s for s in shape]
+    order = list(range(len(shape)))
+    rng.shuffle(order)
+    cpu = (torch.randn([base_shape[i] for i in order]) > 0).to(dtype)
+    cpu = cpu.permute([order.index(i) for i in range(len(shape))])
+    meta = torch.empty_strided(cpu.shape, cpu.stride(), dtype=dtype, device="meta")
+    index = tuple(slice(None, None, 2) if b != s else slice(None) for b, s in zip(base_shape, shape))
+    cpu, meta = cpu[index], meta[index]
+    if shape and rng.random() < 0.3:  # a dimension broadcast from size 1
+        d = rng.randrange(len(shape))
+        cpu, meta = (t.narrow(d, 0, 1).expand(*shape) for t in (cpu, meta))
+    return cpu, meta
+
+
+def test_cudas_where_and_layer_norm_on_meta_give_what_the_cpu_gives():
+    """`meta_kernels`: on 300 random layouts, broadcasts and dtypes, where and layer_norm on meta
+    give the shape, strides and dtype the CPU's kernels give (CUDA's follow the same rules),
+    and raise where they raise."""
+    import random
+    import warnings
+
+    from autograder.runtime.device_check import native_meta_kernels
+
+    native_meta_kernels()
+    rng = random.Random(0)
+    dtypes = (torch.float32, torch.float64, torch.int64, torch.bool)
+    for trial in range(300):
+        full = [rng.choice((1, 2, 3, 4)) for _ in range(rng.randrange(0, 5))]
+        shapes = [[s if rng.random() < 0.7 else 1 for s in full][rng.randrange(len(full) + 1):] for _ in range(3)]
+        kinds = (rng.choice((torch.bool, torch.bool, torch.uint8, torch.float32)), rng.choice(dtypes), rng.choice(dtypes))
+        (c, cm), (a, am), (b, bm) = (_layouts(trial * 3 + k, s, d) for k, (s, d) in enumerate(zip(shapes, kinds)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (a uint8 condition is deprecated)
+            try:
+                want = torch.where(c, a, b)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match=str(e)[:40].replace("(", r"\(")):
+                    torch.where(cm, am, bm)
+                continue
+            got = torch.where(cm, am, bm)
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype), \
+            (trial, shapes, [t.stride() for t in (c, a, b)], kinds)
+    # where casts an operand to the result's dtype first: an expanded one comes out contiguous,
+    # and with a scalar condition that decides the layout (else the transposed `other` would).
+    a, b = torch.arange(4).view(1, 4).expand(3, 4), torch.randn(4, 3).t()
+    got = torch.where(torch.tensor(True, device="meta"), torch.empty_strided((3, 4), (0, 1), dtype=torch.int64,
+                      device="meta"), torch.empty_strided((3, 4), (1, 3), device="meta"))
+    assert got.stride() == torch.where(torch.tensor(True), a, b).stride() == (4, 1)
+    for trial in range(100):
+        shape = [rng.choice((1, 2, 3, 5)) for _ in range(rng.randrange(1, 5))]
+        dtype = rng.choice((torch.float32, torch.float64))
+        x, xm = _layouts(1000 + trial, shape, dtype)
+        k = rng.randrange(1, len(shape) + 1)
+        norm = shape[-k:] if rng.random() < 0.9 else [7]
+        w = rng.choice((None, dtype, dtype, torch.float64))
+        weight = None if w is None else torch.ones(norm, dtype=w)
+        args = [norm, weight, None if weight is None else torch.zeros(norm, dtype=w), 1e-5]
+        try:
+            want = torch.ops.aten.native_layer_norm(x, *args)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                torch.ops.aten.native_layer_norm(xm, *[t.to("meta") if isinstance(t, torch.Tensor) else t for t in args])
+            continue
+        got = torch.ops.aten.native_layer_norm(xm, *[t.to("meta") if isinstance(t, torch.Tensor) else t for t in args])
+        assert [(t.shape, t.stride(), t.dtype) for t in got] == [(t.shape, t.stride(), t.dtype) for t in want], \
+            (trial, shape, x.stride(), norm, w)
+
+
 def test_no_op_left_to_its_composite_kernel_has_a_cuda_kernel_of_its_own():
     """`_composite_is_cudas` holds for the ops that lost their Python meta kernel only where
     the yaml torch ships gives them no dense CUDA kernel other than the composite one (else a
@@ -292,7 +367,7 @@ def test_no_op_left_to_its_composite_kernel_has_a_cuda_kernel_of_its_own():
     script = (
         "import os, torch, yaml, torchgen\n"
         "import torch._meta_registrations as registrations\n"
-        "from autograder.runtime.device_check import _composite_is_cudas\n"
+        "from autograder.runtime.meta_kernels import composite_is_cudas as _composite_is_cudas\n"
         "path = os.path.join(os.path.dirname(torchgen.__file__), 'packaged/ATen/native/native_functions.yaml')\n"
         "registered = torch._C._dispatch_get_registrations_for_dispatch_key\n"
         "before = set(registered('Meta'))\n"
