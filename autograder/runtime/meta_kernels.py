@@ -43,11 +43,11 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
         "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one "
         f"element, but got normalized_shape = {shape}"))
     for name, t in (("weight", weight), ("bias", bias)):
-        torch._check(t is None or list(t.shape) == shape, lambda: (
-            f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
-            f"{list(t.shape)} and normalized_shape = {shape}"))
-        torch._check(t is None or t.dtype == input.dtype, lambda: (
-            f"expected scalar type {_scalar_name(input.dtype)} but found {_scalar_name(t.dtype)}"))
+        if t is not None and list(t.shape) != shape:
+            raise RuntimeError(f"Expected {name} to be of same shape as normalized_shape, but got {name} "
+                               f"of shape {list(t.shape)} and normalized_shape = {shape}")
+        if t is not None and t.dtype != input.dtype:
+            raise RuntimeError(f"expected scalar type {_scalar_name(input.dtype)} but found {_scalar_name(t.dtype)}")
     axis = input.dim() - len(shape)
     torch._check(axis >= 0 and list(input.shape[axis:]) == shape, lambda: (
         f"Given normalized_shape={shape}, expected input with shape [*, {', '.join(map(str, shape))}], "

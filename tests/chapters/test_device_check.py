@@ -273,8 +273,9 @@ def test_an_op_whose_composite_kernel_is_cudas_runs_it_on_meta():
     x = torch.randn(2, 3, 5, 4).transpose(-1, -2)
     for mask in (torch.rand(5, 4).transpose(0, 1) > 0.5, torch.rand(2, 1, 1, 5) > 0.5, torch.rand(3, 4, 5) > 0.5):
         want = x.masked_fill(mask, float("-inf"))
-        files = []
-        sys.setprofile(lambda frame, event, arg: files.append(frame.f_code.co_filename) if event == "call" else None)
+        files: list = []
+        sys.setprofile(lambda frame, event, arg, seen=files: seen.append(frame.f_code.co_filename)
+                       if event == "call" else None)
         try:
             got = x.to("meta").masked_fill(mask.to("meta"), float("-inf"))
         finally:
