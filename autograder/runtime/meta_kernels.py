@@ -5,9 +5,11 @@ no C++ meta kernel of its own runs one of these where there is one here, else it
 composite kernel where that is the one CUDA runs (`composite_is_cudas`), else its Python meta
 kernel again. Torch's Python kernels for `where` and `layer_norm` cost 270 and 840 us a call
 (the solutions' device check: 129 and 35 calls); these cost a tenth of that. Each gives the
-shape, strides and dtype CUDA's kernel gives, and raises where it raises on the inputs'
-shapes and dtypes (tests/chapters/test_device_check.py compares them with the CPU's, whose
-kernels CUDA's share these rules with).
+shape, dtype and layout CUDA's kernel gives, and raises where it raises on the inputs' shapes
+and dtypes (tests/chapters/test_device_check.py compares them with the CPU's, whose kernels
+CUDA's share these rules with). A composite kernel on meta checks less than CUDA's kernels do
+(masked_fill: not its mask's dtype): that code fails on the CPU first, and its device row earns
+nothing then.
 """
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ KERNELS = {"aten::where.self": (torch.ops.aten.where.self, where_self),
 # kernel (tests/chapters/test_device_check.py checks the list against the yaml torch ships).
 _OWN_CUDA_KERNEL = frozenset({"aten::_chunk_cat", "aten::_chunk_cat.out", "aten::_foreach_norm.Scalar",
                               "aten::_grouped_mm", "aten::split_with_sizes_copy.out"})
+# Ops (all overloads) whose composite kernel calls a helper that has no meta kernel at all
+# (`_cummax_helper`, `_logcumsumexp`, ...): on meta that would leave the case unchecked.
+_HELPER_WITHOUT_META = frozenset({"cummax", "cummin", "logcumsumexp", "cholesky_solve"})
 
 
 def composite_is_cudas(name: str) -> bool:
@@ -81,5 +86,5 @@ def composite_is_cudas(name: str) -> bool:
     own (nor a CUDA one). masked_fill is such an op: there it takes 11 us where its Python
     meta kernel took 290 us (166 calls in the solutions' device check)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return (name not in _OWN_CUDA_KERNEL and has(name, "CompositeExplicitAutograd")
-            and not has(name, "CPU"))
+    return (name not in _OWN_CUDA_KERNEL and name.removeprefix("aten::").split(".")[0] not in _HELPER_WITHOUT_META
+            and has(name, "CompositeExplicitAutograd") and not has(name, "CPU"))

@@ -360,6 +360,38 @@ def test_cudas_where_and_layer_norm_on_meta_give_what_the_cpu_gives():
             (trial, shape, x.stride(), norm, w)
 
 
+def test_ops_a_student_may_use_still_run_on_meta_after_the_swap():
+    """An op whose composite kernel calls a helper with no meta kernel (cummax calls
+    `_cummax_helper`) keeps its Python meta kernel: the case stays checked (a reviewer found
+    cummax unchecked after the composite rule)."""
+    from autograder.runtime.device_check import native_meta_kernels
+
+    native_meta_kernels()
+    x, i = torch.empty(3, 4, device="meta"), torch.zeros(2, dtype=torch.long, device="meta")
+    ops = {
+        "cummax": lambda: torch.cummax(x, 0), "cummin": lambda: torch.cummin(x, 0),
+        "logcumsumexp": lambda: torch.logcumsumexp(x, 0), "cumsum": lambda: x.cumsum(0),
+        "cumprod": lambda: x.cumprod(0), "tril": lambda: x.tril(), "topk": lambda: x.topk(2),
+        "sort": lambda: x.sort(), "argmax": lambda: x.argmax(-1), "max": lambda: x.max(-1),
+        "log_softmax": lambda: x.log_softmax(-1), "einsum": lambda: torch.einsum("ij,kj->ik", x, x),
+        "nan_to_num": lambda: x.nan_to_num(), "gelu": lambda: F.gelu(x), "dropout": lambda: F.dropout(x, 0.1),
+        "embedding": lambda: F.embedding(i, x), "repeat_interleave": lambda: x.repeat_interleave(2, dim=0),
+        "stack": lambda: torch.stack([x, x]), "roll": lambda: x.roll(1, 0), "full_like": lambda: torch.full_like(x, 2.0),
+        "arange": lambda: torch.arange(5, device="meta"), "var_mean": lambda: torch.var_mean(x, -1),
+        "norm": lambda: x.norm(dim=-1), "logsumexp": lambda: x.logsumexp(-1), "abs": lambda: x.abs(),
+        "sdpa": lambda: F.scaled_dot_product_attention(x[None], x[None], x[None]),
+        "masked_fill": lambda: x.masked_fill(x > 0, 0.0), "where": lambda: torch.where(x > 0, x, 0.0),
+        "layer_norm": lambda: F.layer_norm(x, (4,)), "scalar_tensor": lambda: torch.scalar_tensor(1.0, device="meta"),
+    }
+    failed = {}
+    for name, op in ops.items():
+        try:
+            op()
+        except Exception as e:  # noqa: BLE001 (any error is the finding)
+            failed[name] = f"{type(e).__name__}: {str(e)[:80]}"
+    assert not failed, failed
+
+
 def test_no_op_left_to_its_composite_kernel_has_a_cuda_kernel_of_its_own():
     """`_composite_is_cudas` holds for the ops that lost their Python meta kernel only where
     the yaml torch ships gives them no dense CUDA kernel other than the composite one (else a
