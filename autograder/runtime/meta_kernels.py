@@ -87,4 +87,5 @@ def composite_is_cudas(name: str) -> bool:
     meta kernel took 290 us (166 calls in the solutions' device check)."""
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     return (name not in _OWN_CUDA_KERNEL and name.removeprefix("aten::").split(".")[0] not in _HELPER_WITHOUT_META
-            and has(name, "CompositeExplicitAutograd") and not has(name, "CPU"))
+            and has(name, "CompositeExplicitAutograd") and not has(name, "CPU")
+            and not has(name, "CUDA"))  # (where torch was built with CUDA, it says so itself)
