@@ -271,10 +271,11 @@ def _swap_meta_kernels():
         if meta_kernels.composite_is_cudas(name):
             continue  # (meta tensors now run the C++ kernel a GPU runs)
         for kernel in (meta_kernels.KERNELS.get(name), kernels.get(name)):  # (CUDA's, else torch's)
+            if kernel is None:
+                continue
             try:
-                if kernel is not None:
-                    kept.impl(*kernel)
-                    break
+                kept.impl(*kernel)
+                break
             except Exception:
                 pass
     return kept

@@ -75,7 +75,8 @@ class Call:
         watch: the exercises it builds on whose use the child records (`Outcome.called`):
             None for all of them (the self-check); the grader names those that failed their
             own tests, the only ones a diagnosis blames (`grading/diagnose.py`), since the
-            recording hook slows every Python call (a sixth of a solution's graded calls).
+            recording hook slows every Python call (it took about a sixth of the CPU of a
+            solution's graded calls).
     """
 
     chapter: str
