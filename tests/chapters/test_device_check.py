@@ -99,6 +99,23 @@ class SelfAttention(SelfAttention):
 """
 
 
+# The kernels the device check now runs for where and masked_fill (`runtime/meta_kernels`)
+# come after CUDA's device rules: a CPU tensor handed to them still fails, as on a GPU.
+CPU_TENSOR_IN_WHERE = """
+def fixed_masked_softmax(scores, mask):
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    zeros = torch.zeros(weights.shape)  # made on the CPU
+    return torch.where(mask, weights, zeros)
+"""
+
+CPU_MASK_IN_MASKED_FILL = """
+def fixed_masked_softmax(scores, mask):
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    nothing = torch.zeros(weights.shape, dtype=torch.bool)  # made on the CPU
+    return weights.masked_fill(nothing, 0.0).masked_fill(~mask, 0.0)
+"""
+
+
 def _device_row(chapter: str, src: str, exercise: str):
     e = grade_in(chapter, namespace_of(chapter, src))[exercise]
     return e["cpu"], e[FAKE_CUDA], e
@@ -108,6 +125,8 @@ def _device_row(chapter: str, src: str, exercise: str):
     ("07_efficient_attention", "alibi_bias", CPU_SLOPES_ALIBI),
     ("08_transformer", "TinyTransformer", CPU_POSITIONS),
     ("05_masks", "causal_mask", CPU_MASK_IN_CAUSAL),
+    ("05_masks", "fixed_masked_softmax", CPU_TENSOR_IN_WHERE),
+    ("05_masks", "fixed_masked_softmax", CPU_MASK_IN_MASKED_FILL),
 ])
 def test_a_tensor_made_on_the_cpu_loses_the_device_row(chapter, exercise, src):
     cpu, device, e = _device_row(chapter, src, exercise)
