@@ -264,8 +264,8 @@ def _grade_or_batch(args, settings) -> int:
     if sandbox.mode != "bubblewrap":
         print(f"WARNING: {sandbox.note}", file=sys.stderr)
     elif args.command == "batch":  # (its torch import, too, runs while this process imports torch)
-        from .batch.workers import start_first_zygote
-        start_first_zygote(settings.limits)
+        from .batch import first_zygote
+        first_zygote.start(settings.limits)
     sandboxes = _prestarted_sandboxes(args, sandbox, settings) if args.command == "grade" else None
     from .grading.grader import Grader
     from .cases.inputs import PublicSeed, course_seed

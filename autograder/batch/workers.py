@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 
-from . import forkserver
+from . import first_zygote, forkserver
 from .. import settings as _settings
 from ..shared.contract import CHAPTERS
 from ..references.cache import REFERENCES
@@ -25,41 +25,7 @@ from ..report.untrusted_text import capped
 
 _SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
 _ZYGOTE = None  # this worker's zygote (False where it cannot be used)
-_FIRST_ZYGOTE = None  # the batch's first zygote: (the command's Zygote, the address it clones at)
 _CLONE_AT = None  # (a worker's) that address
-
-
-def start_first_zygote(limits) -> None:
-    """In the command, before its own imports (as root with bubblewrap): one zygote sandbox that
-    imports torch while this process does, and forks a zygote for each batch worker that asks
-    (`Zygote.cloned`). Without it each worker started a sandbox of its own and imported torch
-    there, after the command had, before its first student. Nothing where it cannot start."""
-    global _FIRST_ZYGOTE
-    import atexit
-    import socket
-    import tempfile
-
-    from ..sandbox.policy import hidden_paths
-    from ..sandbox.warm import Zygote
-
-    if _FIRST_ZYGOTE is not None or not Zygote.usable(SandboxMode.BUBBLEWRAP):
-        return
-    workdir = tempfile.mkdtemp(prefix="autograder-zygote-")  # (0700: only root reaches the socket)
-    address = os.path.join(workdir, "clone")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
-            listener.bind(address)
-            listener.listen(16)
-            zygote = Zygote(limits, hidden_paths(), workdir, listener)
-    except OSError:
-        shutil.rmtree(workdir, ignore_errors=True)
-        return
-
-    def end() -> None:
-        zygote.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
-    atexit.register(end)
-    _FIRST_ZYGOTE = (zygote, address)
 
 
 def _zygote(grader: Grader):
@@ -202,7 +168,7 @@ def _worker_pool(grader: Grader, jobs: int, chapters) -> ProcessPoolExecutor:
     threads = max(1, cores // jobs)
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
                                initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), grader.settings,
-                                         ctx.Value("i", 0), _FIRST_ZYGOTE[1] if _FIRST_ZYGOTE else None))
+                                         ctx.Value("i", 0), first_zygote.address()))
 
 
 def student_flags(chapters: list[ChapterResult]) -> dict:

@@ -109,11 +109,14 @@ def import_runtime() -> None:
     import torch  # noqa: F401
 
     from ..shared import wire  # noqa: F401
-    from . import execute  # noqa: F401 (importing it marks torch's references, so that no chapter
-    # imports torch._dynamo: `execute._avoid_dynamo_import`, before a fork freezes the heap)
+    from . import execute  # (importing it marks torch's references, so that no chapter imports
+    # torch._dynamo: `execute._avoid_dynamo_import`, before a fork freezes the heap)
     from .device_check import native_meta_kernels
 
     native_meta_kernels()  # (once here, not in every chapter's child)
+    # Before any student cell: a cell that takes a watched function (`F.multi_head_attention_
+    # forward`) into a name of its own gets the recording one, not torch's.
+    execute.install_recorder()
 
 
 def main(argv: list[str]) -> None:

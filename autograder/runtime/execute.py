@@ -43,7 +43,7 @@ class _Recorder:
         self.mine = seen
 
     def __enter__(self):
-        _install_recorder()
+        install_recorder()
         self.outer, _Recorder.seen = _Recorder.seen, self.mine
         self.guard = torch._C._IncludeDispatchKeyGuard(_WATCH_KEY)
         self.guard.__enter__()
@@ -78,8 +78,9 @@ def _record_function(fn, name: str):
     return recorded
 
 
-def _install_recorder() -> None:
-    """Register the recording kernels (once per process)."""
+def install_recorder() -> None:
+    """Register the recording kernels (once per process, before any student code runs:
+    `child.import_runtime`)."""
     if _LIBRARY:
         return
     lib = torch.library.Library("aten", "IMPL")

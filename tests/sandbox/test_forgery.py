@@ -262,3 +262,27 @@ def test_bypassed_recorders_change_no_score(tmp_path):
     assert fixed.score < fixed.max_score
     assert any(c.aspect == "inplace" and "`scores`" in c.message for c in fixed.cases)
     assert one.exists() and five.exists()
+
+
+CAPTURED_BEFORE_ANY_CALL = '''import torch
+import torch.nn.functional as F
+_mha = vars(F)["multi_head" + "_attention_forward"]   # taken when the cell runs, before any call
+
+def f(x):
+    eye = torch.eye(4, dtype=x.dtype)
+    out, weights = _mha(x, x, x, 4, 1, torch.cat([eye, eye, eye]), None, None, None, False, 0.0,
+                        eye, None, need_weights=True)   # its slow path: no attention op of aten's
+    return out
+'''
+
+
+@pytest.mark.needs_bwrap
+def test_a_watched_function_taken_in_a_cell_is_still_recorded():
+    """Before: the recorder wrapped `F.multi_head_attention_forward` at a chapter's first call,
+    so a cell that had taken the function into a name of its own ran torch's, unrecorded (only
+    its softmax was seen). Now the recorder is in place before the first cell runs."""
+    with lone_session([CAPTURED_BEFORE_ANY_CALL]) as session:
+        session.start()
+        out = session.run(Call(chapter="test", exercise="f", case="c", target="f", args=[torch.ones(3, 1, 4)]))
+    assert out.error is None, out.error
+    assert "multi_head_attention_forward" in out.forbidden, out.forbidden

@@ -40,7 +40,7 @@ def call(target, *args) -> Call:
 
 
 def _first_zygote(workdir: str) -> tuple[Zygote, str]:
-    """A batch's first zygote (as `workers.start_first_zygote` makes it) and its address."""
+    """A batch's first zygote (as `first_zygote.start` makes it) and its address."""
     address = os.path.join(workdir, "clone")
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
         listener.bind(address)
