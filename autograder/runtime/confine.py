@@ -124,3 +124,34 @@ def _install(program: bytes | None) -> bool:
     buf = ctypes.create_string_buffer(program, len(program))
     prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
     return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0) == 0
+
+
+MSEAL = {"x86_64": 462, "aarch64": 462}  # mseal(2), Linux 6.10+
+
+
+def seal_mappings() -> bool:
+    """Seal every mapping this process holds now (mseal: no munmap, mremap or mprotect of them
+    until it exits); whether the kernel can. For the memory case's child, right after its caps
+    were set from what it holds: unmapping a library's unused code or a buffer it left (numpy's
+    BLAS) would give back address space and data the cap counted, and the score matrix could
+    grow into it. Mappings made later (the student's) stay free; what the child held is never
+    unmapped legitimately. [vsyscall] is not a mapping of the process and cannot be sealed."""
+    number = MSEAL.get(platform.machine())
+    if number is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    try:
+        with open("/proc/self/maps") as f:
+            ranges = [line.split(None, 6) for line in f]
+    except OSError:
+        return False
+    sealed = True
+    for fields in ranges:
+        if fields[-1].strip() == "[vsyscall]":
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if libc.syscall(number, start, end - start, 0) != 0:
+            sealed = False
+    return sealed

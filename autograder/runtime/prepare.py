@@ -102,6 +102,9 @@ def set_limits(config: dict) -> None:
         except (ValueError, OSError):
             pass
     if headroom:
+        from .confine import seal_mappings
+
+        seal_mappings()  # (where the kernel cannot, Linux before 6.10: docs/security.md)
         confine_memory_case(resource, rlimits["AS"])
     nproc = config.get("nproc")
     res = getattr(resource, "RLIMIT_NPROC", None)

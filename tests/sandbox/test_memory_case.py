@@ -462,3 +462,51 @@ def test_the_score_matrix_split_among_forked_processes_loses_the_memory_case(tmp
     (memory,) = [c for c in online_cases(chapter.tests) if c.case.startswith("memory")]
     assert "Operation not permitted" in memory.message, memory.message
 
+
+
+# Address space and data the capped child held before the cells, given back by the student's
+# code during the case: numpy's BLAS (its code and its 32 MiB buffer), which torch never calls.
+# Unmapping chunks of libtorch's code that the case never runs, found offline, gave back 90 MiB
+# more of address space (stop 45); RLIMIT_DATA, which counts only data, kept the whole matrix
+# out then, but 32 MiB of it came back. Each unmapped byte was room for the score matrix.
+UNMAP_WHAT_WAS_THERE = '''
+import ctypes
+_honest = online_softmax_attention
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    if k.shape[-2] < 4096:
+        return _honest(q, k, v, mask, block_size)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    maps = [line.split() for line in open("/proc/self/maps").read().splitlines()]
+    given_back = 0
+    for fields in maps:
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        blas = len(fields) > 5 and "openblas" in fields[5]
+        blas_buffer = len(fields) == 5 and fields[1] == "rw-p" and end - start == 32 << 20
+        if (blas or blas_buffer) and libc.munmap(start, end - start) == 0:
+            given_back += end - start
+    raise ValueError(f"given back: {given_back} bytes")
+'''
+
+
+def _kernel_seals() -> bool:
+    probe = "from autograder.runtime.confine import seal_mappings; print(seal_mappings())"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    return out.stdout.strip() == "True"
+
+
+@pytest.mark.needs_bwrap
+def test_what_the_capped_child_held_before_the_cells_cannot_be_given_back(tmp_path):
+    """Before: the student's code unmapped numpy's BLAS library and the buffer after it in the
+    memory case's child (55 MiB given back, room the cap had counted as taken). Now every
+    mapping the child holds when its caps are set is sealed (mseal, Linux 6.10+)."""
+    if not _kernel_seals():
+        pytest.skip("this kernel cannot seal mappings (mseal: Linux 6.10+)")
+    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(UNMAP_WHAT_WAS_THERE))
+    path = tmp_path / f"{CH}.ipynb"
+    nbformat.write(nb, path)
+    (chapter,) = Grader(device="cpu").grade_path(path).chapters
+    (memory,) = [c for c in online_cases(chapter.tests) if c.case.startswith("memory")]
+    assert "given back: 0 bytes" in memory.message, memory.message
