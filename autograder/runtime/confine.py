@@ -19,6 +19,9 @@ process of the student's reached over a socket would compute the score matrix fo
 new processes (`fork`, `vfork`, `clone` without CLONE_THREAD): each would have a cap of its
 own, and eight of them held the whole score matrix between them (a reviewer's notebook, stop
 42, scored the memory case). Threads share the capped address space, and stay allowed.
+
+`seal_mappings()`: for the same child, right after its caps are set: every mapping it holds is
+sealed (mseal, Linux 6.10+), so its code cannot unmap what the cap counted as taken.
 """
 from __future__ import annotations
 
