@@ -45,7 +45,7 @@ class _Recorder:
     def __enter__(self):
         install_recorder()
         self.outer, _Recorder.seen = _Recorder.seen, self.mine
-        self.guard = torch._C._IncludeDispatchKeyGuard(_WATCH_KEY)
+        self.guard = _INCLUDE_KEY(_WATCH_KEY)
         self.guard.__enter__()
         return self
 
@@ -56,6 +56,9 @@ class _Recorder:
 
 
 _WATCH_KEY = torch._C.DispatchKey.PreDispatch
+# Taken when this module is imported (`child.import_runtime`, before any student cell): a cell
+# that replaces torch._C's guard with a no-op leaves the recorder as it is.
+_INCLUDE_KEY = torch._C._IncludeDispatchKeyGuard
 _LIBRARY: list = []  # the torch.library.Library holding the recording kernels, once installed
 
 
@@ -74,7 +77,7 @@ def _record_function(fn, name: str):
         if _Recorder.seen is not None:
             _Recorder.seen.add(name)
         return fn(*args, **kwargs)
-    recorded.__wrapped__ = fn
+    recorded._autograder_recorded = name  # (not `__wrapped__`, which hands torch's own to a cell)
     return recorded
 
 
@@ -97,7 +100,7 @@ def install_recorder() -> None:
 
     for name in PYTHON_WATCHED:
         fn = getattr(F, name, None)
-        if fn is not None and not hasattr(fn, "__wrapped__"):
+        if fn is not None and not hasattr(fn, "_autograder_recorded"):
             setattr(F, name, _record_function(fn, name))
     _LIBRARY.append(lib)
 

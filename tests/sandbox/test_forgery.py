@@ -276,13 +276,31 @@ def f(x):
 '''
 
 
+# The recorder's guard replaced with a no-op by a cell (a reviewer's, stop 45): before, even
+# the softmax went unrecorded.
+GUARD_REPLACED = '''import torch, contextlib
+import torch.nn.functional as F
+torch._C._IncludeDispatchKeyGuard = lambda key: contextlib.nullcontext()
+_sdpa = vars(F)["scaled_dot_product" + "_attention"]
+
+def f(x):
+    return _sdpa(x, x, x)
+'''
+
+
 @pytest.mark.needs_bwrap
-def test_a_watched_function_taken_in_a_cell_is_still_recorded():
+@pytest.mark.parametrize("cell, seen", [
+    (CAPTURED_BEFORE_ANY_CALL, "multi_head_attention_forward"),
+    (CAPTURED_BEFORE_ANY_CALL + '_mha = getattr(_mha, "__wrapped__", _mha)\n', "multi_head_attention_forward"),
+    (GUARD_REPLACED, "aten.scaled_dot_product_attention"),
+], ids=["taken in a cell", "its __wrapped__ taken", "the guard replaced"])
+def test_a_watched_function_taken_in_a_cell_is_still_recorded(cell, seen):
     """Before: the recorder wrapped `F.multi_head_attention_forward` at a chapter's first call,
     so a cell that had taken the function into a name of its own ran torch's, unrecorded (only
-    its softmax was seen). Now the recorder is in place before the first cell runs."""
-    with lone_session([CAPTURED_BEFORE_ANY_CALL]) as session:
+    its softmax was seen); the wrapper's `__wrapped__` handed out torch's own; and the guard
+    that turns the recording kernels on was looked up in torch._C at each call. Now the recorder
+    is in place, and its guard taken, before the first cell runs."""
+    with lone_session([cell]) as session:
         session.start()
         out = session.run(Call(chapter="test", exercise="f", case="c", target="f", args=[torch.ones(3, 1, 4)]))
-    assert out.error is None, out.error
-    assert "multi_head_attention_forward" in out.forbidden, out.forbidden
+    assert seen in out.forbidden, (out.error, out.forbidden)

@@ -510,3 +510,94 @@ def test_what_the_capped_child_held_before_the_cells_cannot_be_given_back(tmp_pa
     (chapter,) = Grader(device="cpu").grade_path(path).chapters
     (memory,) = [c for c in online_cases(chapter.tests) if c.case.startswith("memory")]
     assert "given back: 0 bytes" in memory.message, memory.message
+
+
+
+# A reviewer's notebook (stop 45): on the memory case it saves the inputs and the request it is
+# answering, exec's numpy code in its own process (a new program keeps the cap's absolute value
+# but starts with a near-empty address space), builds the whole score matrix there, then
+# exec's a stand-in child that answers the request and serves the rest of the chapter.
+EXEC_A_FRESH_IMAGE = r"""
+import os, sys, signal, pickle, numpy as _np
+_honest = online_softmax_attention
+
+_STAGE1 = r'''
+import os, sys, numpy as np
+d = np.load("state.npz")
+q, k, v, mask = d["q"][0], d["k"][0], d["v"][0], d["mask"]
+s = (q @ k.T) * np.float32(1 / np.sqrt(q.shape[-1]))   # the whole L_q x L_k score matrix
+s[:, ~mask.reshape(-1)] = -np.inf
+m = s.max(-1); s -= m[:, None]; np.exp(s, out=s); l = s.sum(-1)
+out = (s @ v) / l[:, None]; lse = m + np.log(l)
+hwm = [x for x in open("/proc/self/status") if x.startswith(("VmHWM", "VmPeak", "VmData"))]
+np.savez("result.npz", out=out[None].astype(np.float32), lse=lse[None].astype(np.float32),
+         note=np.array("score matrix %s %s in a fresh image: %s" % (s.shape, s.dtype, " ".join(x.split(":")[0] + "=" + x.split()[1] + "kB" for x in hwm))))
+os.execv(sys.executable, [sys.executable, "-c", open("stage2.py").read()])
+'''
+_STAGE2 = r'''
+import os, sys, pickle
+import json
+sys.path[:] = json.load(open("path.json"))
+st = pickle.load(open("state.pkl", "rb"))
+import numpy as np, torch
+from autograder.runtime import child
+from autograder.shared import protocol as p
+from autograder.shared.wire import FrameReader, WireError
+r = np.load("result.npz")
+print(str(r["note"]))
+chapter = child._Chapter(st["res"], st["token"])
+chapter.namespace["online_softmax_attention"] = lambda *a, **kw: (torch.from_numpy(r["out"]), torch.from_numpy(r["lse"]))
+chapter.run_call(st["message"])
+handlers = {p.RunCells: chapter.run_cells, p.RunCall: chapter.run_call}
+reader = FrameReader()
+while True:
+    try:
+        message = p.from_plain(reader.read(st["req"]))
+    except (EOFError, OSError, WireError, p.ProtocolError):
+        break
+    h = handlers.get(type(message))
+    if h is None:
+        break
+    h(message)
+os._exit(0)
+'''
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    if k.shape[-2] < 100000:
+        return _honest(q, k, v, mask, block_size)
+    f = sys._getframe()
+    st = {}
+    while f is not None:
+        if f.f_code.co_name == "run_call" and "message" in f.f_locals:
+            st["message"] = f.f_locals["message"]
+            st["token"] = f.f_locals["self"].separator.strip(b"\0").decode()
+        if f.f_code.co_name == "serve" and "req_fd" in f.f_locals:
+            st["req"], st["res"] = f.f_locals["req_fd"], f.f_locals["res_fd"]
+            st["sys_path"] = f.f_locals["config"]["sys_path"]
+        f = f.f_back
+    import json
+    json.dump(st["sys_path"], open("path.json", "w"))
+    pickle.dump(st, open("state.pkl", "wb"))
+    _np.savez("state.npz", q=q.numpy(), k=k.numpy(), v=v.numpy(), mask=mask.numpy())
+    open("stage2.py", "w").write(_STAGE2)
+    for fd in (st["req"], st["res"], 1, 2):
+        os.set_inheritable(fd, True)
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-c", _STAGE1])
+"""
+
+
+@pytest.mark.needs_bwrap
+def test_a_new_program_in_the_capped_child_loses_the_memory_case(tmp_path):
+    """Before: 10/10 on the exercise, the memory case passed with the whole matrix built after
+    an execve. Now the memory case's filter refuses execve and execveat."""
+    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(EXEC_A_FRESH_IMAGE))
+    path = tmp_path / f"{CH}.ipynb"
+    nbformat.write(nb, path)
+    (chapter,) = Grader(device="cpu").grade_path(path).chapters
+    cases = online_cases(chapter.tests)
+    assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
+    (memory,) = [c for c in cases if c.case.startswith("memory")]
+    assert "PermissionError" in memory.message, memory.message
