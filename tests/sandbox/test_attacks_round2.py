@@ -153,9 +153,13 @@ def test_huge_messages_and_a_huge_cell_leave_the_class_graded(tmp_path):
 
 def test_the_watchdog_stops_a_student_who_outlasts_budget_and_margin(tmp_path):
     """A worker still at one student after their budget plus the margin is killed there, and
-    the student is `error` (not graded again, not a hang); the CSV is written."""
+    the student is `error` (not graded again, not a hang); the CSV is written. The cell swallows
+    the child's own interrupt, so only the parent's kill, `grace` (2 s) later, ends it: a plain
+    sleep ended at the 1 s budget, racing the watchdog (lost once the batch's zygote came up
+    before the first student, stop 45)."""
     klass = tmp_path / "class"
-    _copy(CH5, klass / "slow", extra=["import time\ntime.sleep(60)\n"])
+    _copy(CH5, klass / "slow", extra=["import time\nwhile True:\n    try:\n        time.sleep(60)\n"
+                                      "    except BaseException:\n        pass\n"])
     r = _batch(klass, "--jobs", "1", "--csv", tmp_path / "grades.csv",
                env={"AUTOGRADER_STUDENT_BUDGET": "1", "AUTOGRADER_WATCHDOG_MARGIN": "0"})
     assert r.returncode == 4, r.stderr
