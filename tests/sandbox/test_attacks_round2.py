@@ -158,8 +158,8 @@ def test_the_watchdog_stops_a_student_who_outlasts_budget_and_margin(tmp_path):
     sleep ended at the 1 s budget, racing the watchdog (lost once the batch's zygote came up
     before the first student, stop 45)."""
     klass = tmp_path / "class"
-    _copy(CH5, klass / "slow", extra=["import time\nwhile True:\n    try:\n        time.sleep(60)\n"
-                                      "    except BaseException:\n        pass\n"])
+    swallowing = "import time\nwhile True:\n    try:\n        time.sleep(60)\n    except BaseException:\n        pass\n"
+    _copy(CH5, klass / "slow", extra=[swallowing])
     r = _batch(klass, "--jobs", "1", "--csv", tmp_path / "grades.csv",
                env={"AUTOGRADER_STUDENT_BUDGET": "1", "AUTOGRADER_WATCHDOG_MARGIN": "0"})
     assert r.returncode == 4, r.stderr

@@ -136,6 +136,19 @@ def memory_lost(cases) -> bool:
     return not memory[0].passed
 
 
+def memory_case_of_solution_with(tmp_path: Path, cell: str):
+    """The solutions' chapter 7 notebook with `cell` appended, graded: (the exercise's CPU cases,
+    its memory case)."""
+    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(cell))
+    path = tmp_path / f"{CH}.ipynb"
+    nbformat.write(nb, path)
+    (chapter,) = Grader(device="cpu").grade_path(path).chapters
+    cases = online_cases(chapter.tests)
+    (memory,) = [c for c in cases if c.case.startswith("memory")]
+    return cases, memory
+
+
 @pytest.mark.needs_bwrap
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_the_score_matrix_hidden_from_rlimit_data_loses_the_memory_case(tmp_path, attack):
@@ -177,14 +190,8 @@ def online_softmax_attention(q, k, v, mask=None, block_size=64):
 def test_one_batch_elements_whole_score_matrix_at_a_time_loses_the_memory_case(tmp_path, dtype):
     """In the inputs' dtype, and in float32 (which the float64 case of stops 39-42 let through:
     one element's matrix was 128 MiB there, a reviewer found)."""
-    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PER_ELEMENT.replace(".to(AS)", f".to({dtype})")))
-    path = tmp_path / f"{CH}.ipynb"
-    nbformat.write(nb, path)
-    (chapter,) = Grader(device="cpu").grade_path(path).chapters
-    cases = online_cases(chapter.tests)
-    assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
-    (memory,) = [c for c in cases if c.case.startswith("memory")]
+    cases, memory = memory_case_of_solution_with(tmp_path, PER_ELEMENT.replace(".to(AS)", f".to({dtype})"))
+    assert memory_lost(cases), memory.message
     assert memory.message.startswith("the call ran out of memory"), memory.message
     assert "less than the 256 MiB that all L_q x L_k scores take in float32" in memory.message, memory.message
     assert "before the notebook's cells ran (what they import and keep counts too)" in memory.message
@@ -492,7 +499,7 @@ def online_softmax_attention(q, k, v, mask=None, block_size=64):
 
 def _kernel_seals() -> bool:
     probe = "from autograder.runtime.confine import seal_mappings; print(seal_mappings())"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=False)
     return out.stdout.strip() == "True"
 
 
@@ -503,12 +510,7 @@ def test_what_the_capped_child_held_before_the_cells_cannot_be_given_back(tmp_pa
     mapping the child holds when its caps are set is sealed (mseal, Linux 6.10+)."""
     if not _kernel_seals():
         pytest.skip("this kernel cannot seal mappings (mseal: Linux 6.10+)")
-    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(UNMAP_WHAT_WAS_THERE))
-    path = tmp_path / f"{CH}.ipynb"
-    nbformat.write(nb, path)
-    (chapter,) = Grader(device="cpu").grade_path(path).chapters
-    (memory,) = [c for c in online_cases(chapter.tests) if c.case.startswith("memory")]
+    _, memory = memory_case_of_solution_with(tmp_path, UNMAP_WHAT_WAS_THERE)
     assert "given back: 0 bytes" in memory.message, memory.message
 
 
@@ -592,12 +594,6 @@ def online_softmax_attention(q, k, v, mask=None, block_size=64):
 def test_a_new_program_in_the_capped_child_loses_the_memory_case(tmp_path):
     """Before: 10/10 on the exercise, the memory case passed with the whole matrix built after
     an execve. Now the memory case's filter refuses execve and execveat."""
-    nb = nbformat.read(REPO / "solutions" / f"{CH}.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(EXEC_A_FRESH_IMAGE))
-    path = tmp_path / f"{CH}.ipynb"
-    nbformat.write(nb, path)
-    (chapter,) = Grader(device="cpu").grade_path(path).chapters
-    cases = online_cases(chapter.tests)
-    assert memory_lost(cases), [(c.case, c.message) for c in cases if c.case.startswith("memory")]
-    (memory,) = [c for c in cases if c.case.startswith("memory")]
+    cases, memory = memory_case_of_solution_with(tmp_path, EXEC_A_FRESH_IMAGE)
+    assert memory_lost(cases), memory.message
     assert "PermissionError" in memory.message, memory.message
