@@ -467,7 +467,7 @@ def test_memory_hog_is_stopped_and_reported(mode):
 
 def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
     """The memory case's child (autograder.session.memory_case): RLIMIT_DATA and RLIMIT_AS (which counts
-    shared and file-backed mappings too) at what it holds plus the headroom, the seccomp filter
+    shared and file-backed mappings too) at what it holds plus the headroom, its mappings sealed after, the seccomp filter
     installed, and CUDA hidden (its case runs on the CPU, and a driver started there would count
     against the headroom). A child without a memory case gets none of these."""
     import resource
@@ -483,16 +483,20 @@ def test_the_memory_case_child_caps_every_mapping_and_sees_no_gpu(monkeypatch):
                         or held.__setitem__(res, value))
     monkeypatch.setattr(resource, "getrlimit", lambda res: held.get(res, (resource.RLIM_INFINITY,) * 2))
     monkeypatch.setattr(confine, "no_hidden_memory", lambda: events.append("filter") or True)
+    # (not this test process's mappings: sealed, its threads' arenas could not grow, and pytest
+    # aborted in a later test, CI at stop 45)
+    monkeypatch.setattr(confine, "seal_mappings", lambda: events.append("seal") or True)
     monkeypatch.setattr(worker, "every_thread_filtered", lambda: True)  # (this test process has no filter)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     worker.set_limits({"rlimits": {"DATA": None, "AS": 8 << 30}, "data_headroom": 64 << 20})
     assert ("limit", resource.RLIMIT_DATA, ((1 << 30) + (64 << 20),) * 2) in events
     assert ("limit", resource.RLIMIT_AS, ((3 << 30) + (64 << 20),) * 2) in events
     assert "filter" in events and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert events.index("seal") > max(i for i, e in enumerate(events) if e[0] == "limit")  # (after the caps)
     events.clear()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     worker.set_limits({"rlimits": {"DATA": None}})
-    assert "filter" not in events and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "filter" not in events and "seal" not in events and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
 
 
 def _memory_case_child(setup: str) -> subprocess.CompletedProcess:
