@@ -135,7 +135,7 @@ def _install(program: bytes | None) -> bool:
     return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0) == 0
 
 
-MSEAL = {"x86_64": 462, "aarch64": 462}  # mseal(2), Linux 6.10+
+MSEAL = 462  # mseal(2), Linux 6.10+ (one number on every architecture)
 
 
 def seal_mappings() -> bool:
@@ -145,8 +145,7 @@ def seal_mappings() -> bool:
     BLAS) would give back address space and data the cap counted, and the score matrix could
     grow into it. Mappings made later (the student's) stay free; what the child held is never
     unmapped legitimately. [vsyscall] is not a mapping of the process and cannot be sealed."""
-    number = MSEAL.get(platform.machine())
-    if number is None:
+    if platform.machine() not in ARCHES:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -161,6 +160,6 @@ def seal_mappings() -> bool:
         if fields[-1].strip() == "[vsyscall]":
             continue
         start, end = (int(x, 16) for x in fields[0].split("-"))
-        if libc.syscall(number, start, end - start, 0) != 0:
+        if libc.syscall(MSEAL, start, end - start, 0) != 0:
             sealed = False
     return sealed

@@ -102,9 +102,6 @@ def set_limits(config: dict) -> None:
         except (ValueError, OSError):
             pass
     if headroom:
-        from .confine import seal_mappings
-
-        seal_mappings()  # (where the kernel cannot, Linux before 6.10: docs/security.md)
         confine_memory_case(resource, rlimits["AS"])
     nproc = config.get("nproc")
     res = getattr(resource, "RLIMIT_NPROC", None)
@@ -160,11 +157,15 @@ MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that cou
 
 
 def confine_memory_case(resource, address_space: int) -> None:
-    """The memory case's child refuses shared anonymous memory, memfd_create, shmget and
-    sockets (`confine.no_hidden_memory`), then checks that its address-space cap and that
-    filter are in place, the filter on every thread; where either is not, it exits before any
-    student code runs, so a memory case is never credited where memory went unmeasured."""
-    from .confine import no_hidden_memory
+    """The memory case's child seals what it holds, now that its caps count it
+    (`confine.seal_mappings`; where the kernel cannot, Linux before 6.10: docs/security.md),
+    refuses shared anonymous memory, memfd_create, shmget, sockets, new processes and programs
+    (`confine.no_hidden_memory`), then checks that its address-space cap and that filter are in
+    place, the filter on every thread; where either is not, it exits before any student code
+    runs, so a memory case is never credited where memory went unmeasured."""
+    from .confine import no_hidden_memory, seal_mappings
+
+    seal_mappings()
 
     filtered = no_hidden_memory() and every_thread_filtered()
     try:

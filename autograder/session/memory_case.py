@@ -9,8 +9,8 @@ GPU's driver may grow by hundreds of MiB after they start (CUDA loads its kernel
 The capped child runs the notebook's cells again, then the memory cases, on the CPU with no
 GPU visible; its address space is capped (RLIMIT_AS, which counts shared and file-backed
 mappings too), every mapping it holds then is sealed (`runtime.confine.seal_mappings`: no
-unmapping what the cap counted as taken), and a seccomp filter refuses anonymous shared memory, memfd_create, shmget,
-sockets and new processes there (`autograder.runtime.prepare.confine_memory_case`; the child exits before any student code
+unmapping what the cap counted as taken), and a seccomp filter refuses anonymous shared
+memory, memfd_create, shmget, sockets, new processes and new programs there (`autograder.runtime.prepare.confine_memory_case`; the child exits before any student code
 runs where that cannot be done, so the case fails rather than go unmeasured). It runs before
 the chapter's other children start and is gone when they do, so no process of the chapter can
 compute beside it.
