@@ -5,12 +5,13 @@ of this machine and this grader, read by `policy.SandboxPolicy` when it is built
 from __future__ import annotations
 
 import atexit
-import subprocess
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
+from multiprocessing import util
 from pathlib import Path
 
 from .. import settings as _settings
@@ -53,6 +54,9 @@ def stage_runtime() -> Path:
         pkg.chmod(0o755)
         root.chmod(0o755)
         atexit.register(shutil.rmtree, root, True)
+        # A batch's pool workers leave by os._exit, skipping atexit: multiprocessing's own
+        # finalizers run there (and only in the process that registered them).
+        util.Finalize(None, shutil.rmtree, args=(root, True), exitpriority=10)
         _STAGE = root
         return root
 

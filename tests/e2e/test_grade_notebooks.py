@@ -165,6 +165,31 @@ def test_batch_grades_a_class_into_a_csv_and_reports(tmp_path):
         assert (tmp_path / "out" / name / "feedback.html").exists()
 
 
+def test_a_batch_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """Each pool worker stages the child's modules and may start a zygote; workers leave by
+    os._exit (no atexit), so on a cluster every batch used to leave its stages in /tmp."""
+    import os
+    import tempfile
+
+    cls = tmp_path / "class"
+    for name in ("ann", "ben", "cy"):
+        (cls / name).mkdir(parents=True)
+        shutil.copy(REPO / "solutions" / "01_intuition.ipynb", cls / name)
+    tmp = Path(tempfile.mkdtemp(prefix="batch-tmpdir-"))  # (under /tmp: the sandbox's nobody reads it)
+    try:
+        tmp.chmod(0o755)
+        r = subprocess.run([sys.executable, "-m", "autograder", "batch", str(cls), "--jobs", "2",
+                            "--out", str(tmp_path / "out"), "--csv", str(tmp_path / "g.csv"),
+                            "--device", "cpu"],
+                           capture_output=True, text=True, timeout=600, cwd=REPO,
+                           env={**os.environ, "TMPDIR": str(tmp)})
+        assert r.returncode == 0, r.stderr
+        assert "graded 3 submissions" in r.stderr + r.stdout
+        assert sorted(os.listdir(tmp)) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_batch_workers_take_the_settings_of_each_run(tmp_path, monkeypatch):
     """Workers fork from a long-lived forkserver; each run's working directory and AUTOGRADER_*
     settings must still reach them (here: the sandbox mode, read by the student sessions)."""
