@@ -25,5 +25,22 @@ def exit_now(code) -> None:
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
+def stop_as_ctrl_c() -> None:
+    """A scheduler's SIGTERM (Slurm at its time limit, `timeout`, `kill`) and a closed
+    terminal's SIGHUP stop the command as Ctrl-C does: KeyboardInterrupt in the main thread, so
+    its sandboxes are closed, its temporary folders removed and a batch's journal kept (by
+    default they end the process at once, leaving all that to chance). A signal the command was
+    started to ignore stays ignored (`nohup` ignores SIGHUP)."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, interrupt)
+
+
 if __name__ == "__main__":  # guarded: batch grading's spawned workers re-import this module
+    stop_as_ctrl_c()
     exit_now(main())

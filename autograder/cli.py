@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -184,9 +185,36 @@ def main(argv: list[str] | None = None) -> int:
     other = {"selfcheck-data": _selfcheck_data, "new-seed": _new_seed, "import": _import,
              "merge": _merge, "export": _export, "gradescope-zip": _gradescope_zip}.get(args.command)
     with installed(settings):
-        if other is not None:
-            return other(args, settings)
-        return _grade_or_batch(args, settings)
+        try:
+            if other is not None:
+                return other(args, settings)
+            return _grade_or_batch(args, settings)
+        except KeyboardInterrupt as e:  # (its sandboxes closed and temporary folders removed on the way)
+            return _interrupted(args, e)
+
+
+def _interrupted(args, stop: KeyboardInterrupt) -> int:
+    """Ctrl-C, or the SIGTERM or SIGHUP that `__main__.stop_as_ctrl_c` turns into one: what was
+    kept, instead of a traceback; the shell's status for that signal."""
+    import signal
+
+    name = str(stop) if str(stop) in ("SIGTERM", "SIGHUP") else "SIGINT"
+    said = f"interrupted ({name})"
+    if args.command == "grade":
+        said += ": nothing was written"
+    elif args.command == "batch" and not args.only:
+        from .batch.journal import journal_path
+
+        from .report.text import plural
+
+        kept = journal_path(args.csv)
+        with contextlib.suppress(OSError):
+            with open(kept, "rb") as f:  # (a header line, then a line per student graded)
+                graded = max(0, sum(1 for _ in f) - 1)
+            said += (f": {plural(graded, 'student')} graded so far, kept in {kept}; the same command "
+                     "goes on from there")
+    print(said, file=sys.stderr)
+    return 128 + signal.Signals[name].value
 
 
 def _selfcheck_data(args, settings) -> int:

@@ -172,9 +172,9 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     if not any(nb is not None for _, todo in plans.values() for _, nb in todo):
         return {name: Grader.assemble(r, [], 0.0) for name, (r, _) in sorted(plans.items())}  # writes nothing
 
-    from .journal import Journal, fingerprint
+    from .journal import Journal, fingerprint, journal_path
 
-    journal = Journal(Path(csv_path).with_name(Path(csv_path).name + ".journal") if csv_path and not only else None,
+    journal = Journal(journal_path(csv_path) if csv_path and not only else None,
                       chapters, grader.seed, grader.devices)
     prints = {name: fingerprint(todo) for name, (_, todo) in plans.items()}
     earlier = _resume(journal, prints, progress)
@@ -195,8 +195,10 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
 
     work = _to_grade(grader, plans, earlier, results, bar, done)
 
-    _grade_students(grader, work, jobs, chapters, done, in_process)
-    bar.close()
+    try:
+        _grade_students(grader, work, jobs, chapters, done, in_process)
+    finally:  # (stopped: the bar's last line before what the command says)
+        bar.close()
     _write_outputs(results, csv_path, class_dir, only, out_dir, progress)
     journal.finish()
     if progress:

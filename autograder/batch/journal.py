@@ -19,6 +19,11 @@ from ..grading.results import SubmissionResult
 FORMAT = "attention-autograder-journal/1"
 
 
+def journal_path(csv_path) -> Path:
+    """Where the batch writing `csv_path` keeps its journal: CSV_PATH.journal."""
+    return Path(csv_path).with_name(Path(csv_path).name + ".journal")
+
+
 def fingerprint(todo) -> str:
     """What a student handed in, as far as the journal can tell without reading it: each
     notebook's name, size and modification time (lstat only)."""

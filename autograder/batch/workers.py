@@ -4,7 +4,7 @@ file, and is killed by the watchdog here when a student outlasts their budget pl
 a pool whose worker died is replaced and its students graded again, alone."""
 from __future__ import annotations
 
-
+import contextlib
 import os
 import shutil
 import time
@@ -125,7 +125,11 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.Settings, counter,
                   clone_at: str | None = None) -> None:
+    import signal
+
     import torch
+
+    signal.signal(signal.SIGINT, _stop_worker)
 
     global _CLONE_AT
     _CLONE_AT = clone_at  # (the batch's first zygote, where the command started one)
@@ -212,6 +216,20 @@ def watchdog_seconds(grader: Grader) -> float:
     return grader.limits.student_budget + grader.limits.watchdog_margin
 
 
+_STOPPING = False  # the batch is being stopped: this worker begins no other student
+
+
+def _stop_worker(signum, frame) -> None:
+    """SIGINT in a worker: the batch is stopped (Ctrl-C reaches every process of the terminal's
+    group; `run_all` passes a SIGTERM on). The student being graded is dropped, their sandboxes
+    closed on the way out (`grade_student`'s finally), and no other student is begun. Only the
+    first: a second (Ctrl-C, then `run_all`'s) would cut that closing short."""
+    global _STOPPING
+    if not _STOPPING:
+        _STOPPING = True
+        raise KeyboardInterrupt
+
+
 def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
     """In a worker: one student graded (`grade_student`, then the identical-code flag, so that
     every parse of their code happens here, under the watchdog), the result written to
@@ -220,6 +238,8 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
 
     from ..report import atomic
 
+    if _STOPPING:  # (a student the pool had queued before it was stopped)
+        raise KeyboardInterrupt
     atomic.write_text(os.path.join(spool, key + ".pid"), str(os.getpid()))
     _settings.install(grader.settings)  # (the grader's, pickled with it: as the worker's start had them)
     dead_before = bool(_ZYGOTE) and _ZYGOTE.dead
@@ -312,6 +332,33 @@ def _watchdog(running: list[str], spool: str, keys: dict, started: dict, killed:
                             "student's time budget plus a margin): stopped")
 
 
+STOP_SECONDS = 10  # a stopped worker's time to close its student's sandboxes before it is killed
+
+
+@contextlib.contextmanager
+def _stopping_workers(pool: ProcessPoolExecutor):
+    """Where the batch is stopped (KeyboardInterrupt: Ctrl-C, or the SIGTERM or SIGHUP that
+    `__main__` turns into one), no student is begun and each worker is told (SIGINT:
+    `_stop_worker`), given STOP_SECONDS to close its student's sandboxes, then killed. Without
+    this the pool's exit would wait for every queued student to be graded."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        import signal
+
+        processes = list((pool._processes or {}).values())  # (concurrent.futures keeps no public list)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+        raise
+
+
 def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
     """Grade every student of `work` (name -> plan), calling `done(name, chapter_results,
     identical)` for each, in worker processes. A worker process that dies breaks its whole pool
@@ -337,7 +384,7 @@ def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
                 pool = _worker_pool(grader, 1 if solo else jobs, chapters)
                 killed: dict[str, str] = {}
                 started: dict[str, float] = {}
-                with pool:
+                with pool, _stopping_workers(pool):
                     futures = {pool.submit(_grade_student_to, grader, pending[n], spool, keys[n]): n
                                for n in names}
                     waiting = set(futures)

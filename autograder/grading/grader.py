@@ -310,11 +310,19 @@ class Grader:
                     self.references.warm(submitted, ["cuda"], self.seed, self.quick)
             with self.references.warming(submitted, self.devices, self.seed, self.quick), \
                     ThreadPoolExecutor(max_workers=jobs) as pool:
-                first = self._memory_first(todo, sandboxes, deadline) if jobs > 1 else {}
-                # Later chapters first: they build on the earlier ones and take longest, so
-                # the short ones fill in at the end instead of one long chapter running alone.
-                done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline, first.get(item[0])),
-                                     todo[::-1]))[::-1]
+                try:
+                    first = self._memory_first(todo, sandboxes, deadline) if jobs > 1 else {}
+                    # Later chapters first: they build on the earlier ones and take longest, so
+                    # the short ones fill in at the end instead of one long chapter running alone.
+                    done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline,
+                                                                          first.get(item[0])),
+                                         todo[::-1]))[::-1]
+                except KeyboardInterrupt:  # (Ctrl-C, SIGTERM) the chapters' children killed now: the
+                    # pool's exit waits for its chapters, which then end at once
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    if sandboxes is not None:
+                        sandboxes.close()
+                    raise
         finally:
             if own is not None:
                 own.close()

@@ -12,7 +12,7 @@ from ..runtime import procs
 from .limits import Limits, NOBODY
 from .modes import SandboxChoice, SandboxMode
 from .policy import hidden_paths, own_pid_namespace, student_uid
-from .warm import WarmSandbox, Zygote
+from .warm import SandboxDied, WarmSandbox, Zygote
 
 
 class SandboxPool:
@@ -95,6 +95,8 @@ class SandboxPool:
         """A sandbox with room for one more chapter (waiting for one being reset)."""
         with self._cond:
             while True:
+                if self.closed:  # (the grading was stopped: no sandbox is started after that)
+                    raise SandboxDied("the student's sandboxes were closed: the grading was stopped")
                 room = self.size if self.sharing else 1
                 alive = [b for b in self._boxes if b.alive() or b.users]
                 usable = [b for b in alive if not b.resetting and b.users < room and b.alive()]

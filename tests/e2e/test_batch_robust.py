@@ -3,8 +3,11 @@ and a class split into shards on several machines and merged back."""
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,3 +164,133 @@ def test_batch_on_nothing_gradable_exits_non_zero(tmp_path):
     (flat / "someone" / "notes.pdf").write_bytes(b"%PDF-1.4")
     r = _batch(flat, "--jobs", "1", "--csv", tmp_path / "g.csv")
     assert r.returncode == 2 and "nothing gradable" in r.stderr and "autograder import" in r.stderr
+
+
+# --------------------------------------------------------------------------- stopped half-way
+
+SLEEPER = "import time\ntime.sleep(60)\n"  # a cell still running when the command is stopped
+STOPS = {"SIGTERM to the command": (signal.SIGTERM, False), "Ctrl-C to its process group": (signal.SIGINT, True)}
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie has ended)."""
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _stopped(cmd: list[str], how: str, ready, tmp: Path) -> tuple[subprocess.CompletedProcess, float, set[int]]:
+    """Run `cmd` (TMPDIR=tmp), stop it once `ready()` as `how` says (`STOPS`): (its result,
+    seconds from the signal to its end, its processes of that moment still running 30 s later)."""
+    sig, group = STOPS[how]
+    proc = subprocess.Popen(cmd, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (as a shell's)
+    deadline = time.monotonic() + 300
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(1.0)
+    processes = _descendants(proc.pid)
+    sent = time.monotonic()
+    os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    seconds = time.monotonic() - sent
+    end = time.monotonic() + 30
+    while _running(processes) and time.monotonic() < end:
+        time.sleep(0.2)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), seconds, _running(processes)
+
+
+@pytest.mark.parametrize("how", sorted(STOPS))
+def test_a_stopped_batch_keeps_what_it_graded_and_leaves_nothing_behind(tmp_path, how):
+    """A scheduler's SIGTERM (Slurm at its time limit) or Ctrl-C half-way through a class.
+    Before: SIGTERM ended the command at once, leaving its staged runtime, sandboxes' folders
+    and spool in /tmp and its workers grading on; Ctrl-C printed a traceback and waited for the
+    student being graded."""
+    klass = _class(tmp_path, {"ann": "solution", "ben": [SLEEPER], "cat": [SLEEPER]})
+    csv = tmp_path / "grades.csv"
+    journal = tmp_path / "grades.csv.journal"
+    tmp = Path(tempfile.mkdtemp(prefix="stopped-batch-"))  # (under /tmp: the sandbox's nobody reads it)
+    try:
+        tmp.chmod(0o755)
+        cmd = [sys.executable, "-m", "autograder", "batch", str(klass), "--jobs", "1", "--no-progress",
+               "--device", "cpu", "--csv", str(csv)]
+        ann_done = lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2  # noqa: E731
+        r, seconds, left = _stopped(cmd, how, ann_done, tmp)
+        name = STOPS[how][0].name
+        assert r.returncode == 128 + STOPS[how][0], r.stderr
+        assert f"interrupted ({name}): 1 student graded so far, kept in {journal}" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        assert seconds < 60, seconds  # (ben's cell sleeps on for a minute: it was not waited for)
+        assert not left, "the batch's processes outlived it"
+        assert sorted(os.listdir(tmp)) == []
+        assert not csv.exists()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for name in ("ben", "cat"):  # (handed in again, quicker: graded now; ann is taken from the journal)
+        _student(klass / name, "05_masks", solution=True)
+    again = _batch(klass, "--jobs", "1", "--csv", csv)
+    assert again.returncode == 0, again.stderr
+    from grading_helpers import read_gradebook
+    assert {k: r["Total"] for k, r in read_gradebook(csv).items()} == {"ann": "13.0", "ben": "13.0", "cat": "13.0"}
+    assert not journal.exists()
+
+
+@pytest.mark.needs_bwrap
+@pytest.mark.parametrize("how", sorted(STOPS))
+def test_a_stopped_grade_ends_at_once_and_leaves_nothing_behind(tmp_path, how):
+    """Before: the command waited for the chapter being graded (here a cell that sleeps for a
+    minute) before it ended."""
+    folder = _student(tmp_path / "alice", "05_masks", [SLEEPER], solution=True)
+    tmp = Path(tempfile.mkdtemp(prefix="stopped-grade-"))
+    try:
+        tmp.chmod(0o755)
+        cmd = [sys.executable, "-m", "autograder", "grade", str(folder), "--device", "cpu",
+               "--json", str(tmp_path / "results.json")]
+        os.environ["AUTOGRADER_CELL_TIMEOUT"] = "120"  # (the sleeping cell is not cut short)
+        try:
+            started = time.monotonic()
+            r, seconds, left = _stopped(cmd, how, lambda: time.monotonic() - started > 8, tmp)
+        finally:
+            del os.environ["AUTOGRADER_CELL_TIMEOUT"]
+        assert r.returncode == 128 + STOPS[how][0], r.stderr
+        assert f"interrupted ({STOPS[how][0].name}): nothing was written" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        assert seconds < 30, seconds
+        assert not left, "the grading's processes outlived it"
+        assert sorted(os.listdir(tmp)) == []
+        assert not (tmp_path / "results.json").exists()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_command_started_under_nohup_grades_on_through_sighup(tmp_path):
+    """`nohup python -m autograder batch ...`, then the terminal closes: SIGHUP, which nohup
+    made the command ignore, must not stop it as a SIGHUP otherwise does."""
+    folder = _student(tmp_path / "alice", "05_masks", ["import time\ntime.sleep(6)\n"], solution=True)
+    proc = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(folder), "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # (as nohup's)
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "Total: 13 / 13" in out, out
