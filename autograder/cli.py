@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -191,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             return _grade_or_batch(args, settings)
         except KeyboardInterrupt as e:  # (its sandboxes closed and temporary folders removed on the way)
             return _interrupted(args, e)
+        except OSError as e:  # a file the command writes: the disk full, no permission
+            if e.filename is None:
+                raise
+            print(f"error: {e.filename}: {e.strerror}{_kept(args)}", file=sys.stderr)
+            return 5
 
 
 def _interrupted(args, stop: KeyboardInterrupt) -> int:
@@ -199,22 +203,25 @@ def _interrupted(args, stop: KeyboardInterrupt) -> int:
     import signal
 
     name = str(stop) if str(stop) in ("SIGTERM", "SIGHUP") else "SIGINT"
-    said = f"interrupted ({name})"
-    if args.command == "grade":
-        said += ": nothing was written"
-    elif args.command == "batch" and not args.only:
-        from .batch.journal import journal_path
-
-        from .report.text import plural
-
-        kept = journal_path(args.csv)
-        with contextlib.suppress(OSError):
-            with open(kept, "rb") as f:  # (a header line, then a line per student graded)
-                graded = max(0, sum(1 for _ in f) - 1)
-            said += (f": {plural(graded, 'student')} graded so far, kept in {kept}; the same command "
-                     "goes on from there")
-    print(said, file=sys.stderr)
+    kept = ": nothing was written" if args.command == "grade" else _kept(args)
+    print(f"interrupted ({name}){kept}", file=sys.stderr)
     return 128 + signal.Signals[name].value
+
+
+def _kept(args) -> str:
+    """What a batch that stopped half-way kept: its journal (`batch.journal`), if it has one."""
+    if args.command != "batch" or args.only:
+        return ""
+    from .batch.journal import journal_path
+    from .report.text import plural
+
+    kept = journal_path(args.csv)
+    try:
+        with open(kept, "rb") as f:  # (a header line, then a line per student graded)
+            graded = max(0, sum(1 for _ in f) - 1)
+    except OSError:
+        return ""
+    return f"; {plural(graded, 'student')} graded so far, kept in {kept}: the same command goes on from there"
 
 
 def _selfcheck_data(args, settings) -> int:

@@ -65,7 +65,9 @@ class Journal:
                     continue
                 name = entry.get("student")
                 if name in prints and entry.get("fingerprint") == prints[name]:
-                    found[name] = (SubmissionResult.from_plain(entry["result"]), entry.get("identical", []))
+                    result = SubmissionResult.from_plain(entry["result"])
+                    if result.error is None:  # (a grading that could not finish is done again)
+                        found[name] = (result, entry.get("identical", []))
         except (OSError, ValueError, KeyError, TypeError):
             os.replace(self.path, self.path.with_name(self.path.name + ".old"))
             return {}
@@ -79,9 +81,12 @@ class Journal:
             self._write(self.header)
 
     def _write(self, entry: dict) -> None:
-        self._file.write(json.dumps(entry) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.write(json.dumps(entry) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as e:  # (a full disk: the command names the journal, `cli`)
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def add(self, student: str, fingerprint: str, result: SubmissionResult, identical) -> None:
         if self.path is None:

@@ -21,11 +21,13 @@ def write_bytes(path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename is None:  # (a full disk: name the file it was for)
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     return path
 

@@ -237,7 +237,7 @@ def test_a_stopped_batch_keeps_what_it_graded_and_leaves_nothing_behind(tmp_path
         r, seconds, left = _stopped(cmd, how, ann_done, tmp)
         name = STOPS[how][0].name
         assert r.returncode == 128 + STOPS[how][0], r.stderr
-        assert f"interrupted ({name}): 1 student graded so far, kept in {journal}" in r.stderr, r.stderr
+        assert f"interrupted ({name}); 1 student graded so far, kept in {journal}: the same" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr, r.stderr
         assert seconds < 60, seconds  # (ben's cell sleeps on for a minute: it was not waited for)
         assert not left, "the batch's processes outlived it"
@@ -294,3 +294,32 @@ def test_a_command_started_under_nohup_grades_on_through_sighup(tmp_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "Total: 13 / 13" in out, out
+
+
+def test_a_full_disk_stops_the_batch_with_a_message_and_the_journal_kept(tmp_path):
+    """The reports' disk fills up half-way through a class; room is made and the same command
+    run again. Before: a traceback."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(small)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("no tmpfs can be mounted here (not root)")
+    try:
+        names = {f"s{i}": ("solution" if i % 2 else "stub") for i in range(6)}
+        klass = _class(tmp_path, names)
+        csv = tmp_path / "grades.csv"
+        r = _batch(klass, "--jobs", "1", "--csv", csv, "--out", small / "out")
+        assert r.returncode == 5, r.stderr
+        assert "No space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert f"graded so far, kept in {csv}.journal: the same command goes on from there" in r.stderr, r.stderr
+        assert not csv.exists()
+        subprocess.run(["mount", "-o", "remount,size=20m", str(small)], check=True)
+        again = _batch(klass, "--jobs", "1", "--csv", csv, "--out", small / "out")
+        assert again.returncode == 0, again.stderr
+        from grading_helpers import read_gradebook
+        rows = {k: r["Total"] for k, r in read_gradebook(csv).items()}
+        assert rows == {n: "13.0" if kind == "solution" else "0.0" for n, kind in names.items()}
+        assert sorted(p.name for p in (small / "out").iterdir() if p.is_dir()) == sorted(names)
+        assert all((small / "out" / n / "feedback.html").is_file() for n in names)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)

@@ -1,0 +1,26 @@
+"""The batch's journal: what a resumed run takes from it."""
+from __future__ import annotations
+
+from autograder.batch.journal import Journal, journal_path
+from autograder.grading.grader import Grader
+from autograder.grading.results import ChapterResult, SubmissionResult
+from autograder.grading.scoring import zero_chapter
+from autograder.shared.contract import CHAPTERS
+
+CH5 = "05_masks"
+
+
+def test_a_resumed_run_grades_again_whom_the_grader_failed(tmp_path):
+    """A student whose grading could not finish (a worker that died three times, a full disk in
+    the spool) is `error`, not a grade: the run that resumes grades them again."""
+    grader = Grader(device="cpu")
+    ok = SubmissionResult("amy", [ChapterResult(CH5, "a.ipynb", zero_chapter(CHAPTERS[CH5], grader.devices, "stub"))])
+    failed = SubmissionResult("bob", [grader.failed_chapter(CH5, tmp_path / "b.ipynb", RuntimeError("worker died"))])
+    assert failed.error and ok.error is None
+    path = journal_path(tmp_path / "grades.csv")
+    assert path == tmp_path / "grades.csv.journal"
+    first = Journal(path, [CH5], 1, grader.devices)
+    first.add("amy", "print-a", ok, [])
+    first.add("bob", "print-b", failed, [])
+    found = Journal(path, [CH5], 1, grader.devices).resume({"amy": "print-a", "bob": "print-b"})
+    assert sorted(found) == ["amy"]
