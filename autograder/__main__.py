@@ -29,15 +29,19 @@ def stop_as_ctrl_c() -> None:
     """A scheduler's SIGTERM (Slurm at its time limit, `timeout`, `kill`) and a closed
     terminal's SIGHUP stop the command as Ctrl-C does: KeyboardInterrupt in the main thread, so
     its sandboxes are closed, its temporary folders removed and a batch's journal kept (by
-    default they end the process at once, leaving all that to chance). A signal the command was
-    started to ignore stays ignored (`nohup` ignores SIGHUP)."""
+    default they end the process at once, leaving all that to chance). Only the first of them
+    counts; a signal the command was started to ignore stays ignored (`nohup` ignores SIGHUP)."""
     import signal
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+    stopped = []
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) == signal.SIG_DFL:
+    def interrupt(signum, frame):
+        if not stopped:  # (only the first: a second would cut the closing of the sandboxes short)
+            stopped.append(signum)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(sig, interrupt)
 
 

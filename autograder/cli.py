@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     other = {"selfcheck-data": _selfcheck_data, "new-seed": _new_seed, "import": _import,
              "merge": _merge, "export": _export, "gradescope-zip": _gradescope_zip}.get(args.command)
+    from .report.atomic import WriteFailed
+
     with installed(settings):
         try:
             if other is not None:
@@ -190,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
             return _grade_or_batch(args, settings)
         except KeyboardInterrupt as e:  # (its sandboxes closed and temporary folders removed on the way)
             return _interrupted(args, e)
-        except OSError as e:  # a file the command writes: the disk full, no permission
-            if e.filename is None:
-                raise
+        except WriteFailed as e:  # a file the command writes: the disk full, no permission
             print(f"error: {e.filename}: {e.strerror}{_kept(args)}", file=sys.stderr)
-            return 5
+            return WRITE_FAILED
+
+
+WRITE_FAILED = 5  # the exit status of a command that could not write a file
 
 
 def _interrupted(args, stop: KeyboardInterrupt) -> int:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ..grading.results import SubmissionResult
+from ..report.atomic import WriteFailed
 
 FORMAT = "attention-autograder-journal/1"
 
@@ -75,8 +76,15 @@ class Journal:
         return found
 
     def _open(self, append: bool) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if append:  # (a line cut short when the run stopped: the next one starts on a line of its own)
+                with open(self.path, "rb+") as f:
+                    data = f.read()
+                    f.truncate(data.rfind(b"\n") + 1)
+            self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        except OSError as e:
+            raise WriteFailed.of(e, self.path) from e
         if not append:
             self._write(self.header)
 
@@ -86,7 +94,7 @@ class Journal:
             self._file.flush()
             os.fsync(self._file.fileno())
         except OSError as e:  # (a full disk: the command names the journal, `cli`)
-            raise OSError(e.errno, e.strerror, str(self.path)) from e
+            raise WriteFailed.of(e, self.path) from e
 
     def add(self, student: str, fingerprint: str, result: SubmissionResult, identical) -> None:
         if self.path is None:

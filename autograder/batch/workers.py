@@ -87,29 +87,29 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
     chapter's child is forked fresh)."""
     global _SPARES
     pool = None  # the student's sandboxes: this function owns them, and closes them below
-    if any(nb is not None for _, nb in todo) and pooled((sandbox := resolve_sandbox(grader.sandbox)).mode):
-        # (started only where the student's pool will fork from it: bubblewrap, not containers)
-        zygote = _zygote(grader) if sandbox.mode == SandboxMode.BUBBLEWRAP else None
-        pool = student_pool(sandbox, grader.limits, zygote=zygote)
-        # A spare sandbox started during the previous student: only without root, where every
-        # student runs as the grader's own uid (as root each student has a uid of their own).
-        if zygote is None and os.geteuid() != 0:
-            if _SPARES is None:
-                import atexit
-                from multiprocessing import util
+    try:  # (from their first sandbox on: a stop may come at any point)
+        if any(nb is not None for _, nb in todo) and pooled((sandbox := resolve_sandbox(grader.sandbox)).mode):
+            # (started only where the student's pool will fork from it: bubblewrap, not containers)
+            zygote = _zygote(grader) if sandbox.mode == SandboxMode.BUBBLEWRAP else None
+            pool = student_pool(sandbox, grader.limits, zygote=zygote)
+            # A spare sandbox started during the previous student: only without root, where every
+            # student runs as the grader's own uid (as root each student has a uid of their own).
+            if zygote is None and os.geteuid() != 0:
+                if _SPARES is None:
+                    import atexit
+                    from multiprocessing import util
 
-                _SPARES = SandboxPool(grader.limits)
-                atexit.register(_SPARES.close)
-                util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
-            spare = _SPARES.take_fresh()
-            if spare is not None:
-                pool.adopt(spare)  # started during the previous student: torch already imported
-            else:
-                pool.prestart()
-            _SPARES.prestart(1)  # the next student's, importing while this one is graded
-    deadline = grader.student_deadline()  # (Limits.student_budget for all their chapters)
-    results = []
-    try:
+                    _SPARES = SandboxPool(grader.limits)
+                    atexit.register(_SPARES.close)
+                    util.Finalize(None, _SPARES.close, exitpriority=10)  # a pool worker skips atexit
+                spare = _SPARES.take_fresh()
+                if spare is not None:
+                    pool.adopt(spare)  # started during the previous student: torch already imported
+                else:
+                    pool.prestart()
+                _SPARES.prestart(1)  # the next student's, importing while this one is graded
+        deadline = grader.student_deadline()  # (Limits.student_budget for all their chapters)
+        results = []
         for chapter_id, notebook in todo:
             chapter = grader.grade_planned(chapter_id, notebook, pool, deadline)
             # What the class report reads of the chapter's code, now: its parse (which a student
@@ -129,7 +129,9 @@ def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.S
 
     import torch
 
-    signal.signal(signal.SIGINT, _stop_worker)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (a group's SIGTERM reaches workers too)
+        if sig == signal.SIGINT or signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _stop_worker)
 
     global _CLONE_AT
     _CLONE_AT = clone_at  # (the batch's first zygote, where the command started one)
@@ -217,17 +219,34 @@ def watchdog_seconds(grader: Grader) -> float:
 
 
 _STOPPING = False  # the batch is being stopped: this worker begins no other student
+_GRADING = False   # a student is being graded here (`_grade_student_to`)
+STOPPED = 76       # a worker's exit status when the batch was stopped
 
 
 def _stop_worker(signum, frame) -> None:
-    """SIGINT in a worker: the batch is stopped (Ctrl-C reaches every process of the terminal's
-    group; `run_all` passes a SIGTERM on). The student being graded is dropped, their sandboxes
-    closed on the way out (`grade_student`'s finally), and no other student is begun. Only the
-    first: a second (Ctrl-C, then `run_all`'s) would cut that closing short."""
+    """SIGINT, SIGTERM or SIGHUP in a worker: the batch is stopped (Ctrl-C and a scheduler's
+    SIGTERM reach every process of the group, the forkserver included; `run_all` passes its own
+    stop on as SIGINT). A worker grading a student drops them, closes their sandboxes on the way
+    out (`grade_student`'s finally) and ends (`_grade_student_to`); an idle one ends at once.
+    Only the first signal counts: a second would cut that closing short."""
     global _STOPPING
-    if not _STOPPING:
-        _STOPPING = True
+    first = not _STOPPING
+    _STOPPING = True
+    if first and _GRADING:
         raise KeyboardInterrupt
+    if first:
+        _end_stopped()
+
+
+def _end_stopped() -> None:
+    """End this worker now, its own clean-up done (multiprocessing's finalizers: its zygote, its
+    staged runtime), without waiting for the pool to say so: its forkserver may be gone."""
+    from multiprocessing import util
+
+    try:
+        util._exit_function()
+    finally:
+        os._exit(STOPPED)
 
 
 def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
@@ -238,15 +257,23 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
 
     from ..report import atomic
 
+    global _GRADING
     if _STOPPING:  # (a student the pool had queued before it was stopped)
-        raise KeyboardInterrupt
+        _end_stopped()
     atomic.write_text(os.path.join(spool, key + ".pid"), str(os.getpid()))
     _settings.install(grader.settings)  # (the grader's, pickled with it: as the worker's start had them)
     dead_before = bool(_ZYGOTE) and _ZYGOTE.dead
+    _GRADING = True
     try:
+        if _STOPPING:  # (stopped between the check above and now)
+            raise KeyboardInterrupt
         chapters = grade_student(grader, todo)
     except Exception as e:
         chapters = [grader.failed_chapter(c, nb, e) for c, nb in todo]
+    except KeyboardInterrupt:  # (stopped: the student's sandboxes are closed)
+        _end_stopped()
+    finally:
+        _GRADING = False
     if _ZYGOTE and _ZYGOTE.dead and not dead_before:  # it died under the student, taking their
         # sandboxes with it (no student can reach it: not their doing): this worker ends, and
         # `run_all` grades them again
@@ -338,25 +365,38 @@ STOP_SECONDS = 10  # a stopped worker's time to close its student's sandboxes be
 @contextlib.contextmanager
 def _stopping_workers(pool: ProcessPoolExecutor):
     """Where the batch is stopped (KeyboardInterrupt: Ctrl-C, or the SIGTERM or SIGHUP that
-    `__main__` turns into one), no student is begun and each worker is told (SIGINT:
+    `__main__` turns into one) or fails (a full disk), no student is begun and each worker is told (SIGINT:
     `_stop_worker`), given STOP_SECONDS to close its student's sandboxes, then killed. Without
     this the pool's exit would wait for every queued student to be graded."""
     try:
         yield
-    except KeyboardInterrupt:
+    except BaseException:  # (a stop; or a report the disk had no room for: `cli` says so)
         import signal
 
-        processes = list((pool._processes or {}).values())  # (concurrent.futures keeps no public list)
+        pids = [p.pid for p in (pool._processes or {}).values()]  # (concurrent.futures keeps no public list)
         pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(process.pid, signal.SIGINT)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGINT)
+        # (by pid: a worker is its forkserver's child, and a group's SIGTERM ends that server)
         deadline = time.monotonic() + STOP_SECONDS
-        for process in processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            time.sleep(0.05)
+        for pid in pids:
+            if _running(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         raise
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
 
 
 def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:

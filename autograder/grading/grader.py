@@ -308,8 +308,8 @@ class Grader:
             if "cuda" in self.devices:  # the grader's own CUDA runs before any student code, never beside it
                 with contextlib.suppress(Exception):  # (not fatal: the grading loop computes what is missing)
                     self.references.warm(submitted, ["cuda"], self.seed, self.quick)
-            with self.references.warming(submitted, self.devices, self.seed, self.quick), \
-                    ThreadPoolExecutor(max_workers=jobs) as pool:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            with self.references.warming(submitted, self.devices, self.seed, self.quick):
                 try:
                     first = self._memory_first(todo, sandboxes, deadline) if jobs > 1 else {}
                     # Later chapters first: they build on the earlier ones and take longest, so
@@ -317,12 +317,14 @@ class Grader:
                     done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline,
                                                                           first.get(item[0])),
                                          todo[::-1]))[::-1]
-                except KeyboardInterrupt:  # (Ctrl-C, SIGTERM) the chapters' children killed now: the
-                    # pool's exit waits for its chapters, which then end at once
+                except BaseException:  # (Ctrl-C, SIGTERM) the chapters' children killed with the
+                    # sandboxes: their threads, joined at exit, end at once (in the fallback mode
+                    # there are no sandboxes: a chapter running there is waited for)
                     pool.shutdown(wait=False, cancel_futures=True)
                     if sandboxes is not None:
                         sandboxes.close()
                     raise
+                pool.shutdown()
         finally:
             if own is not None:
                 own.close()

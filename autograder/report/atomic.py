@@ -10,10 +10,22 @@ import tempfile
 from pathlib import Path
 
 
+class WriteFailed(OSError):
+    """A file the grader writes could not be written (a full disk, no permission): the command
+    says which and stops (`cli`); an OSError of anything else is a fault, with its traceback."""
+
+    @classmethod
+    def of(cls, e: OSError, path) -> "WriteFailed":
+        return cls(e.errno, e.strerror or str(e), str(path))
+
+
 def write_bytes(path, data: bytes) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise WriteFailed.of(e, path) from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -26,8 +38,8 @@ def write_bytes(path, data: bytes) -> Path:
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(e, OSError) and e.filename is None:  # (a full disk: name the file it was for)
-            raise OSError(e.errno, e.strerror, str(path)) from e
+        if isinstance(e, OSError) and not isinstance(e, WriteFailed):  # (named: the file it was for)
+            raise WriteFailed.of(e, path) from e
         raise
     return path
 

@@ -24,3 +24,21 @@ def test_a_resumed_run_grades_again_whom_the_grader_failed(tmp_path):
     first.add("bob", "print-b", failed, [])
     found = Journal(path, [CH5], 1, grader.devices).resume({"amy": "print-a", "bob": "print-b"})
     assert sorted(found) == ["amy"]
+
+
+def test_a_line_cut_short_does_not_take_the_next_student_with_it(tmp_path):
+    """The run stopped part-way through a line (a full disk): the run that resumes starts its
+    first student on a line of their own, so a third run still finds them."""
+    grader = Grader(device="cpu")
+    ok = SubmissionResult("amy", [ChapterResult(CH5, "a.ipynb", zero_chapter(CHAPTERS[CH5], grader.devices, "stub"))])
+    path = journal_path(tmp_path / "grades.csv")
+    first = Journal(path, [CH5], 1, grader.devices)
+    first.add("amy", "print-a", ok, [])
+    first._file.write('{"student": "bob", "finger')  # (cut short)
+    first._file.close()
+    second = Journal(path, [CH5], 1, grader.devices)
+    assert sorted(second.resume({"amy": "print-a", "bob": "print-b"})) == ["amy"]
+    second.add("bob", "print-b", ok, [])
+    second._file.close()
+    third = Journal(path, [CH5], 1, grader.devices).resume({"amy": "print-a", "bob": "print-b"})
+    assert sorted(third) == ["amy", "bob"]
