@@ -215,14 +215,12 @@ def _kept(args) -> str:
     """What a batch that stopped half-way kept: its journal (`batch.journal`), if it has one."""
     if args.command != "batch" or args.only:
         return ""
-    from .batch.journal import journal_path
+    from .batch.journal import graded_students, journal_path
     from .report.text import plural
 
     kept = journal_path(args.csv)
-    try:
-        with open(kept, "rb") as f:  # (a header line, then a line per student graded)
-            graded = max(0, sum(1 for _ in f) - 1)
-    except OSError:
+    graded = graded_students(kept)
+    if graded is None:
         return ""
     return f"; {plural(graded, 'student')} graded so far, kept in {kept}: the same command goes on from there"
 

@@ -40,6 +40,26 @@ def fingerprint(todo) -> str:
     return h.hexdigest()
 
 
+def graded_students(path) -> int | None:
+    """How many students a journal keeps a grade for: those a resumed run will not grade again
+    while their notebooks stay as they are (a line cut short, an `error` entry and a student's
+    second entry are not counted); None where there is no journal to read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()[1:]
+    except (OSError, ValueError):
+        return None
+    graded = set()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            if SubmissionResult.from_plain(entry["result"]).error is None:
+                graded.add(entry["student"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return len(graded)
+
+
 class Journal:
     def __init__(self, path, chapters, seed: int, devices):
         self.path = Path(path) if path else None
