@@ -61,6 +61,14 @@ class Child:
         except subprocess.TimeoutExpired:
             return None
 
+    def stop(self) -> None:
+        """Kill the child and everything it started, from another thread than the one that
+        reads its pipes: they stay open until that thread sees the end and calls `kill`."""
+        if self.alive():  # (not reaped yet: its pid is still its own)
+            kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
+            if self.lease is not None:
+                procs.kill_uid(self.lease.uid, self.limits.kill_rounds)
+
     def kill(self) -> None:
         """Kill the child and everything it started; close the pipes. Idempotent."""
         kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)

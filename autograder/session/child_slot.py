@@ -8,7 +8,9 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
+import weakref
 
 from ..shared import protocol
 from ..sandbox.limits import Limits
@@ -16,6 +18,24 @@ from ..sandbox.pool import SandboxPool
 from ..sandbox.processes import Child
 from ..sandbox.warm import SandboxDied
 from .channel import Budget, Capture, Channel, Lost, LostKind
+
+
+_LAUNCHING = threading.Lock()
+_STOPPED: list[bool] = []       # (set once, by `stop_children`)
+_LAUNCHED = weakref.WeakSet()   # this process's new-process children (no sandbox pool)
+STOPPED_WHY = "the grading process was not started: the grading was stopped"
+
+
+def stop_children() -> None:
+    """The command is stopping (Ctrl-C, SIGTERM): kill every child this process started without
+    a sandbox pool (the fallback, the container mode without root), and start no more, so the
+    chapters' threads end at once instead of grading on until the student's budget is spent.
+    (Children forked from a sandbox die with it: `SandboxPool.close`.)"""
+    with _LAUNCHING:
+        _STOPPED.append(True)
+        children = list(_LAUNCHED)
+    for child in children:
+        child.stop()
 
 
 class ChildSlot:
@@ -83,8 +103,13 @@ class ChildSlot:
         if self.pool is None:
             if self.workdir:  # (the container mode removes a killed child's files: its folder too)
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
-            return Child(self.mode, self.limits, self.hidden, self.workdir or "/", token, self.headroom,
-                         self.mapped_heap)
+            with _LAUNCHING:  # (one started while `stop_children` runs is killed by it or not started)
+                if _STOPPED:
+                    return STOPPED_WHY
+                child = Child(self.mode, self.limits, self.hidden, self.workdir or "/", token,
+                              self.headroom, self.mapped_heap)
+                _LAUNCHED.add(child)
+                return child
         if self.box is not None and not self.box.alive():
             self._give_back()  # killed by what the student did: start a new one
         if self.box is None:

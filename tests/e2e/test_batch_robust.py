@@ -254,11 +254,12 @@ def test_a_stopped_batch_keeps_what_it_graded_and_leaves_nothing_behind(tmp_path
     assert not journal.exists()
 
 
-@pytest.mark.needs_bwrap
-@pytest.mark.parametrize("how, sandbox", [(how, "auto") for how in sorted(STOPS)])
+@pytest.mark.parametrize("how, sandbox", [pytest.param(how, "auto", marks=pytest.mark.needs_bwrap)
+                                         for how in sorted(STOPS)]
+                         + [("SIGTERM to the command", "none"), ("Ctrl-C to its process group", "none")])
 def test_a_stopped_grade_ends_at_once_and_leaves_nothing_behind(tmp_path, how, sandbox):
     """Before: the command waited for the chapter being graded (here a cell that sleeps for a
-    minute) before it ended."""
+    minute) before it ended; without a sandbox (`--sandbox none`, the fallback), until stop 47."""
     folder = _student(tmp_path / "alice", "05_masks", [SLEEPER], solution=True)
     tmp = Path(tempfile.mkdtemp(prefix="stopped-grade-"))
     try:
