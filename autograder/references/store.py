@@ -108,12 +108,14 @@ class ReferenceStore:
             with os.fdopen(fd, "wb") as f:
                 f.write(wire.encode(plain))
             os.replace(tmp, self.path)
-        except (OSError, ValueError):
+        except BaseException as e:  # (a stop, Ctrl-C, too: no 10 MB temporary file left behind)
             try:
                 os.unlink(tmp)
             except (OSError, UnboundLocalError):
                 pass
-            return False
+            if isinstance(e, (OSError, ValueError)):
+                return False
+            raise
         # This GPU's older files, and every GPU's files of another grader, solutions or torch
         # (the digest: a GPU's tag names its torch too, so an upgrade would leave them behind).
         # Another GPU's files of this digest stay: a cluster's nodes may share the folder.

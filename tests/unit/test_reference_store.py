@@ -192,3 +192,16 @@ def test_cuda_outcomes_are_kept_per_gpu_and_out_of_the_cpu_file(tmp_path, monkey
     with persisted(cpu_only, 7, True):
         assert cpu_only.held(cuda=True) == 0
     assert not asked, "a grader without CUDA rows does not start CUDA to name the GPU"
+
+
+def test_a_save_stopped_half_way_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Ctrl-C (or a SIGTERM, which the command turns into one) while the cache is written: the
+    stop goes on, and no `.tmp-*` file (about 10 MB for the full cache) is left in the folder."""
+    from autograder.shared import wire
+
+    def stopped(plain):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(wire, "encode", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        ReferenceStore(1, True, folder=tmp_path).save({"cases": [], "outcomes": []})
+    assert list(tmp_path.iterdir()) == []
