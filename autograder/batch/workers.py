@@ -21,6 +21,7 @@ from ..grading.results import ChapterResult, SubmissionResult
 from ..sandbox.modes import SandboxMode, resolve_sandbox
 from ..sandbox.pool import SandboxPool, pooled, student_pool
 from ..report.untrusted_text import capped
+from ..runtime import procs
 
 
 _SPARES = None  # this worker's fresh sandbox for its next student (used by no one yet)
@@ -265,7 +266,7 @@ def _grade_student_to(grader: Grader, todo: list, spool: str, key: str) -> str:
     dead_before = bool(_ZYGOTE) and _ZYGOTE.dead
     _GRADING = True
     try:
-        if _STOPPING:  # (stopped between the check above and now)
+        if _STOPPING:  # (stopped between the check above and `_GRADING`: `_stop_worker` did not raise)
             raise KeyboardInterrupt
         chapters = grade_student(grader, todo)
     except Exception as e:
@@ -376,27 +377,14 @@ def _stopping_workers(pool: ProcessPoolExecutor):
         pids = [p.pid for p in (pool._processes or {}).values()]  # (concurrent.futures keeps no public list)
         pool.shutdown(wait=False, cancel_futures=True)
         for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGINT)
+            procs.send(pid, signal.SIGINT)
         # (by pid: a worker is its forkserver's child, and a group's SIGTERM ends that server)
         deadline = time.monotonic() + STOP_SECONDS
-        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        while time.monotonic() < deadline and any(map(procs.running, pids)):
             time.sleep(0.05)
-        for pid in pids:
-            if _running(pid):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+        for pid in filter(procs.running, pids):
+            procs.send(pid, signal.SIGKILL)
         raise
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
 
 
 def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:

@@ -41,6 +41,17 @@ def send(pid: int, sig: int) -> None:
         pass
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    end = stat.rindex(b")")  # (the name before it is the process's to choose)
+    return stat[end + 2:end + 3] != b"Z"
+
+
 def kill_tree(root: int, rounds: int = 20, also=None) -> None:
     """Stop, then kill, the process `root`, its descendants, its process group, and with
     `also` (table -> pids) the processes it names. Stopped first, round after round until no

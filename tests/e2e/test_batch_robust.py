@@ -15,6 +15,7 @@ import nbformat
 import pytest
 
 from autograder.grading.grader import Grader
+from autograder.runtime import procs
 from autograder.sandbox.limits import Limits
 from timing import child_start
 
@@ -185,16 +186,7 @@ def _descendants(pid: int) -> set[int]:
 
 def _running(pids: set[int]) -> set[int]:
     """Those of `pids` still running (a zombie has ended)."""
-    alive = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] != "Z":
-            alive.add(pid)
-    return alive
+    return set(filter(procs.running, pids))
 
 
 def _stopped(cmd: list[str], how: str, ready, tmp: Path) -> tuple[subprocess.CompletedProcess, float, set[int]]:
