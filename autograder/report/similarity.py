@@ -30,6 +30,7 @@ MIN_TOKENS = 40   # (a one-line exercise: everyone's right answer looks the same
 MAX_TOKENS = 20_000  # kept of one exercise (a student's huge cell must not make grading.json huge)
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def definitions(notebook) -> dict:
@@ -39,12 +40,39 @@ def definitions(notebook) -> dict:
 
 
 def exercise_node(defs: dict, ex):
-    """The exercise's own definition (a method's function inside its class), or None."""
+    """The exercise's own definition, or None: a method's function, in its class's body or
+    attached to it afterwards with `@add_to_class(Cls)` (as chapter 6's notebook writes its
+    methods, one cell each); a class with the methods so attached, as it runs."""
     node = defs.get(ex.target)
-    if node is not None and ex.kind == "method":
-        node = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name == ex.name), None)
+    attached = _attached_methods(defs, ex.target)
+    if ex.kind == "method":
+        if ex.name in attached:
+            return attached[ex.name]
+        return None if node is None else next(
+            (n for n in node.body if isinstance(n, _FUNCTIONS) and n.name == ex.name), None)
+    if isinstance(node, ast.ClassDef) and attached:
+        body = [n for n in node.body if not (isinstance(n, _FUNCTIONS) and n.name in attached)]
+        node = ast.ClassDef(node.name, node.bases, node.keywords, body + list(attached.values()),
+                            node.decorator_list)
     return node
+
+
+def _attached_methods(defs: dict, cls: str) -> dict:
+    """name -> the top-level functions of `defs` decorated `@add_to_class(cls)`, without that
+    decorator: the same code as a method written in the class's body."""
+    out = {}
+    for name, node in defs.items():
+        if isinstance(node, _FUNCTIONS) and any(_attaches(d, cls) for d in node.decorator_list):
+            method = node.__class__(**{f: getattr(node, f, None) for f in node._fields})
+            method.decorator_list = [d for d in node.decorator_list if not _attaches(d, cls)]
+            out[name] = method
+    return out
+
+
+def _attaches(decorator, cls: str) -> bool:
+    return (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name)
+            and decorator.func.id == "add_to_class" and len(decorator.args) == 1
+            and isinstance(decorator.args[0], ast.Name) and decorator.args[0].id == cls)
 
 
 def _local_names(root) -> set[str]:

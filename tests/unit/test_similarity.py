@@ -8,6 +8,7 @@ import ast
 import json
 
 from autograder.report import class_report, similarity
+from autograder.shared.contract import CHAPTERS
 from grading_helpers import REPO
 
 CH2 = "02_scaled_dot_product_attention"
@@ -131,3 +132,32 @@ def test_hostile_code_is_read_without_harm(tmp_path):
     bad.parent.mkdir()
     bad.write_text("{ not json")
     assert similarity.fingerprints([(CH2, bad)]) == {} and class_report.identical_to_solutions([(CH2, bad)]) == []
+
+
+def test_methods_attached_with_add_to_class_are_compared(tmp_path):
+    """Chapter 6's notebook writes `prepare_qkv_global` and `forward` in cells of their own with
+    `@add_to_class(MultiHeadAttention)`. Before: a copy of the solution was never flagged on
+    `prepare_qkv_global` (nothing was found for it) and the class was compared without them."""
+    ch6 = "06_gated_global_attention"
+    nb = json.loads((REPO / "solutions" / f"{ch6}.ipynb").read_text())
+    copy = tmp_path / "a" / f"{ch6}.ipynb"
+    copy.parent.mkdir()
+    copy.write_text(json.dumps(nb))
+    flagged = class_report.identical_to_solutions([(ch6, copy)])
+    assert [ch6, "prepare_qkv_global"] in flagged and [ch6, "MultiHeadAttention"] in flagged
+    for cell in nb["cells"]:  # a change in the attached forward alone: the class is not identical
+        text = "".join(cell["source"])
+        if text.startswith("@add_to_class(MultiHeadAttention)\ndef forward("):
+            assert "torch.sigmoid(" in text
+            cell["source"] = text.replace("torch.sigmoid(", "torch.tanh(")
+    changed = tmp_path / "b" / f"{ch6}.ipynb"
+    changed.parent.mkdir()
+    changed.write_text(json.dumps(nb))
+    flagged = class_report.identical_to_solutions([(ch6, changed)])
+    assert [ch6, "prepare_qkv_global"] in flagged and [ch6, "MultiHeadAttention"] not in flagged
+    method = ast.parse("class MultiHeadAttention:\n    def prepare_qkv_global(self, q, k, v):\n        return q\n")
+    attached = ast.parse("@add_to_class(MultiHeadAttention)\ndef prepare_qkv_global(self, q, k, v):\n    return q\n")
+    ex = next(e for e in CHAPTERS[ch6].exercises if e.name == "prepare_qkv_global")
+    in_body = similarity.exercise_node({"MultiHeadAttention": method.body[0]}, ex)
+    outside = similarity.exercise_node({"prepare_qkv_global": attached.body[0]}, ex)
+    assert similarity.dump(in_body) == similarity.dump(outside)
