@@ -102,9 +102,10 @@ def _add_grading_commands(sub) -> None:
     b.add_argument("--csv", type=Path, default=Path("grades.csv"), help="grades CSV (default: grades.csv)")
     b.add_argument("--out", type=Path, default=None, help="folder for per-student reports")
     b.add_argument("--jobs", type=_positive, default=1,
-                   help="notebooks graded at once, in worker processes; set it to the number of CPU cores "
+                   help="students graded at once, one per worker process; set it to the number of CPU cores "
                         "(default: 1)")
-    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    b.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bar (for a log file; the other messages stay)")
     b.add_argument("--shard", type=_shard, default=None, metavar="K/N",
                    help="grade shard K of N of the class (a deterministic share, by a hash of each student "
                         "folder's name; the chapters come from the whole class): one task of a SLURM array "
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                 return other(args, settings)
             return _grade_or_batch(args, settings)
         except KeyboardInterrupt as e:  # (its sandboxes closed and temporary folders removed on the way)
+            from .session.child_slot import stop_children
+
+            stop_children()  # (the command ends: children without a sandbox too, none started after)
             return _interrupted(args, e)
         except WriteFailed as e:  # a file the command writes: the disk full, no permission
             print(f"error: {e.filename}: {e.strerror}{_kept(args)}", file=sys.stderr)

@@ -317,16 +317,12 @@ class Grader:
                     done = list(pool.map(lambda item: self.grade_planned(*item, sandboxes, deadline,
                                                                           first.get(item[0])),
                                          todo[::-1]))[::-1]
-                except BaseException as e:  # (Ctrl-C, SIGTERM) the chapters' children killed with
-                    # the sandboxes, or one by one where there are none (the fallback): their
-                    # threads, joined at exit, end at once
-                    from ..session.child_slot import stop_children
-
+                except BaseException:  # (Ctrl-C, SIGTERM) the chapters' children killed with the
+                    # sandboxes: their threads, joined at exit, end at once (where there are none,
+                    # the fallback, the command kills them: `cli`, `child_slot.stop_children`)
                     pool.shutdown(wait=False, cancel_futures=True)
                     if sandboxes is not None:
                         sandboxes.close()
-                    if not isinstance(e, Exception):  # (a stop: this process starts no more)
-                        stop_children()
                     raise
                 pool.shutdown()
         finally:

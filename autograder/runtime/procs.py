@@ -52,17 +52,21 @@ def running(pid: int) -> bool:
     return stat[end + 2:end + 3] != b"Z"
 
 
-def kill_tree(root: int, rounds: int = 20, also=None) -> None:
+def kill_tree(root: int | None, rounds: int = 20, also=None) -> None:
     """Stop, then kill, the process `root`, its descendants, its process group, and with
     `also` (table -> pids) the processes it names. Stopped first, round after round until no
     new one appears (at most `rounds`), so none can fork away while the tree is walked. Never
-    this process itself. Without /proc only the process group and `root` are killed."""
+    this process itself. Without /proc only the process group and `root` are killed. With
+    root None (a root already reaped, whose pid may be another process's now), only those
+    `also` names."""
+    if root is not None and root <= 0:
+        raise ValueError(f"no process tree has the root {root}")  # (kill(-1) is every process)
     me = os.getpid()
     found: set[int] = set()
     for _ in range(rounds):
         table = proc_table()
-        new = {root} if root in table or not table else set()
-        frontier = [root]
+        new = {root} if root is not None and (root in table or not table) else set()
+        frontier = [root] if root is not None else []
         while frontier:
             q = frontier.pop()
             for pid, ppid in table.items():
@@ -78,11 +82,13 @@ def kill_tree(root: int, rounds: int = 20, also=None) -> None:
         for pid in new:
             send(pid, signal.SIGSTOP)
         found |= new
-    try:
-        os.killpg(root, signal.SIGKILL)
-    except OSError:
-        pass
-    for pid in found | {root}:
+    if root is not None:
+        try:
+            os.killpg(root, signal.SIGKILL)
+        except OSError:
+            pass
+        found.add(root)
+    for pid in found:
         if pid != me:
             send(pid, signal.SIGKILL)
 

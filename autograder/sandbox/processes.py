@@ -63,11 +63,14 @@ class Child:
 
     def stop(self) -> None:
         """Kill the child and everything it started, from another thread than the one that
-        reads its pipes: they stay open until that thread sees the end and calls `kill`."""
-        if self.alive():  # (not reaped yet: its pid is still its own)
-            kill_fallback_tree(self.proc.pid, self.token, self.limits.kill_rounds)
-            if self.lease is not None:
-                procs.kill_uid(self.lease.uid, self.limits.kill_rounds)
+        reads its pipes: they stay open until that thread sees the end and calls `kill`. A
+        child that has ended (reaped: its pid may be another process's now) may have left
+        processes holding its pipes: those carrying its token are killed."""
+        lease = self.lease  # (read once: the reading thread's `kill` may release it meanwhile)
+        root = self.proc.pid if self.alive() else None
+        procs.kill_tree(root, self.limits.kill_rounds, also=lambda table: _marked(self.token, table))
+        if lease is not None:
+            procs.kill_uid(lease.uid, self.limits.kill_rounds)
 
     def kill(self) -> None:
         """Kill the child and everything it started; close the pipes. Idempotent."""

@@ -27,10 +27,12 @@ STOPPED_WHY = "the grading process was not started: the grading was stopped"
 
 
 def stop_children() -> None:
-    """The command is stopping (Ctrl-C, SIGTERM): kill every child this process started without
-    a sandbox pool (the fallback, the container mode without root), and start no more, so the
-    chapters' threads end at once instead of grading on until the student's budget is spent.
-    (Children forked from a sandbox die with it: `SandboxPool.close`.)"""
+    """The command is stopping (Ctrl-C, SIGTERM: `cli`): kill every child this process started
+    without a sandbox pool (the fallback, the container mode without root), and start no more,
+    so the chapters' threads end at once instead of grading on until the student's budget is
+    spent; the process then ends, writing nothing. (Children forked from a sandbox die with it:
+    `SandboxPool.close`.) For the process's end only: a library caller's later grading would
+    find no child started."""
     with _LAUNCHING:
         _STOPPED.append(True)
         children = list(_LAUNCHED)

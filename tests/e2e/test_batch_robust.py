@@ -241,18 +241,28 @@ def test_a_stopped_batch_keeps_what_it_graded_and_leaves_nothing_behind(tmp_path
     _student(klass / "ben", "05_masks", solution=True)  # (handed in again, quicker; ann's is in the journal)
     again = _batch(klass, "--jobs", "1", "--csv", csv)
     assert again.returncode == 0, again.stderr
+    # (said under --no-progress too: a scheduler's log is where it is read)
+    assert f"resuming an interrupted run: 1 student already graded ({journal};" in again.stdout, again.stdout
+    assert "graded 1 submission (1 more from the interrupted run) in" in again.stdout, again.stdout
     from grading_helpers import read_gradebook
     assert {k: r["Total"] for k, r in read_gradebook(csv).items()} == {"ann": "13.0", "ben": "13.0"}
     assert not journal.exists()
 
 
-@pytest.mark.parametrize("how, sandbox", [pytest.param(how, "auto", marks=pytest.mark.needs_bwrap)
-                                         for how in sorted(STOPS)]
-                         + [("SIGTERM to the command", "none"), ("Ctrl-C to its process group", "none")])
-def test_a_stopped_grade_ends_at_once_and_leaves_nothing_behind(tmp_path, how, sandbox):
+CELLS = {"sleeping": SLEEPER,  # (and one whose process ends, leaving a process of its own with the pipes)
+         "orphan": "import os, time\nif os.fork() == 0:\n    time.sleep(200)\n    os._exit(0)\nos._exit(3)\n"}
+
+
+@pytest.mark.parametrize("how, sandbox, cell", [pytest.param(how, "auto", "sleeping", marks=pytest.mark.needs_bwrap)
+                                               for how in sorted(STOPS)]
+                         + [("SIGTERM to the command", "none", "sleeping"),
+                            ("Ctrl-C to its process group", "none", "sleeping"),
+                            ("SIGTERM to the command", "none", "orphan")])
+def test_a_stopped_grade_ends_at_once_and_leaves_nothing_behind(tmp_path, how, sandbox, cell):
     """Before: the command waited for the chapter being graded (here a cell that sleeps for a
-    minute) before it ended; without a sandbox (`--sandbox none`, the fallback), until stop 47."""
-    folder = _student(tmp_path / "alice", "05_masks", [SLEEPER], solution=True)
+    minute) before it ended; without a sandbox (`--sandbox none`, the fallback), until stop 47,
+    also where the chapter's process had ended and a process it forked held its pipes."""
+    folder = _student(tmp_path / "alice", "05_masks", [CELLS[cell]], solution=True)
     tmp = Path(tempfile.mkdtemp(prefix="stopped-grade-"))
     try:
         tmp.chmod(0o755)
@@ -322,3 +332,25 @@ def test_a_full_disk_stops_the_batch_with_a_message_and_the_journal_kept(tmp_pat
         assert all((small / "out" / n / "feedback.html").is_file() for n in names)
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+def test_a_grading_interrupted_in_a_library_caller_leaves_the_next_one_whole(tmp_path, monkeypatch):
+    """Grader.grade_path interrupted (Ctrl-C in Jupyter, pytest-timeout's Failed) without a
+    sandbox: the next grading in the same process starts its children and scores in full.
+    (A stop that killed every child of the process and started no more, set there, once made
+    every later chapter score zero with no error.)"""
+    alice = _student(tmp_path / "alice", "05_masks", solution=True)
+    grader = Grader(device="cpu", sandbox="none")
+    real = Grader.grade_notebook
+    calls = []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Grader, "grade_notebook", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        grader.grade_path(alice)
+    result = grader.grade_path(alice)
+    assert result.error is None and result.score == result.max_score == 13.0, result.chapters[0].notes
