@@ -51,7 +51,7 @@ def class_chapters(grader: Grader, folders: list[Path]) -> list[str]:
     return [c for c in CHAPTERS if c in found]
 
 
-def _students_and_chapters(class_dir: Path, grader: Grader, chapters, progress: bool, shard, only):
+def _students_and_chapters(class_dir: Path, grader: Grader, chapters, shard, only):
     """The student folders this run grades (a shard's, or `only` those) and the chapters every
     student is graded out of (those the whole class handed in, unless given)."""
     folders = student_folders(class_dir)
@@ -61,14 +61,13 @@ def _students_and_chapters(class_dir: Path, grader: Grader, chapters, progress: 
             raise ValueError(f"no student folder {', '.join(map(repr, unknown))} in {class_dir.name}")
     if not chapters:  # (from the whole class, so every shard grades out of the same chapters)
         chapters = class_chapters(grader, folders)
-        if progress:
-            print(f"grading every student out of chapters {', '.join(chapters) or '(none)'} (every chapter "
+        if chapters:
+            print(f"grading every student out of chapters {', '.join(chapters)} (every chapter "
                   "any student handed in; a missing notebook scores zero)")
     if shard is not None:
         k, n = shard
         folders = [f for f in folders if shard_of(f.name, n) == k - 1]
-        if progress:
-            print(f"shard {k}/{n}: {plural(len(folders), 'student')}")
+        print(f"shard {k}/{n}: {plural(len(folders), 'student')}")
     if only:  # (after the chapters: a regraded student keeps the class's columns)
         folders = [f for f in folders if f.name in only]
     return folders, chapters
@@ -87,17 +86,16 @@ def _plans(grader: Grader, folders, chapters) -> dict[str, tuple[SubmissionResul
     return plans
 
 
-def _write_outputs(results: dict, csv_path, class_dir: Path, only, out_dir, progress: bool) -> None:
+def _write_outputs(results: dict, csv_path, class_dir: Path, only, out_dir) -> None:
     """The CSV (keeping the rows of students this run did not grade) and the class report."""
     if csv_path:
         kept = write_csv(results, csv_path, class_dir, keep_others=not only, only=bool(only))
-        if kept and progress:
+        if kept:
             print(f"kept the rows of {plural(len(kept), 'student')} this run did not grade: "
                   f"{', '.join(printable(k) for k in kept[:10])}{' ...' if len(kept) > 10 else ''}")
     if out_dir:
         page = class_report.write(out_dir)
-        if progress:
-            print(f"wrote the class report {page}")
+        print(f"wrote the class report {page}")
 
 
 def _grade_students(grader: Grader, work: dict, jobs: int, chapters, done, in_process: bool) -> None:
@@ -120,10 +118,10 @@ def _grade_students(grader: Grader, work: dict, jobs: int, chapters, done, in_pr
     gpu_share.regrade_alone(held, work, grade_student, grader, done)
 
 
-def _resume(journal, prints: dict, progress: bool) -> dict:
+def _resume(journal, prints: dict) -> dict:
     """The students an interrupted run with this CSV graded already (from its journal)."""
     earlier = journal.resume(prints)
-    if earlier and progress:
+    if earlier:
         print(f"resuming an interrupted run: {plural(len(earlier), 'student')} already graded "
               f"({journal.path}; delete it to grade everyone again)")
     return earlier
@@ -167,7 +165,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     watchdog (tests)."""
     class_dir = Path(class_dir)
     start = time.perf_counter()
-    folders, chapters = _students_and_chapters(class_dir, grader, chapters, progress, shard, only)
+    folders, chapters = _students_and_chapters(class_dir, grader, chapters, shard, only)
     plans = _plans(grader, folders, chapters)
     if not any(nb is not None for _, todo in plans.values() for _, nb in todo):
         return {name: Grader.assemble(r, [], 0.0) for name, (r, _) in sorted(plans.items())}  # writes nothing
@@ -177,7 +175,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     journal = Journal(journal_path(csv_path) if csv_path and not only else None,
                       chapters, grader.seed, grader.devices)
     prints = {name: fingerprint(todo) for name, (_, todo) in plans.items()}
-    earlier = _resume(journal, prints, progress)
+    earlier = _resume(journal, prints)
     results: dict[str, SubmissionResult] = {}
     bar = tqdm(total=len(plans), desc="grading", unit="student", disable=not progress)
 
@@ -199,10 +197,11 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         _grade_students(grader, work, jobs, chapters, done, in_process)
     finally:  # (stopped: the bar's last line before what the command says)
         bar.close()
-    _write_outputs(results, csv_path, class_dir, only, out_dir, progress)
+    _write_outputs(results, csv_path, class_dir, only, out_dir)
     journal.finish()
-    if progress:
-        print(f"graded {plural(len(results), 'submission')} in {time.perf_counter() - start:.1f} s with --jobs {jobs}")
+    resumed = f" ({len(earlier)} more from the interrupted run)" if earlier else ""
+    print(f"graded {plural(len(results) - len(earlier), 'submission')}{resumed} in "
+          f"{time.perf_counter() - start:.1f} s with --jobs {jobs}")
     return dict(sorted(results.items()))
 
 

@@ -127,10 +127,14 @@ def moodle_kind(students: list[Student]) -> str:
         return "worksheet"
     lacking = [s.folder for s in students if not s.email and not (s.lms == "gradescope" and s.id_kind == "Gradescope SID")]
     if lacking:
+        other = sorted({s.lms for s in students if s.folder in lacking and s.lms})
+        hint = (f"their ids are from a {' and '.join(o.capitalize() for o in other)} download, which Moodle "
+                "cannot match: add their email addresses to the `email` column of the class folder's "
+                "students.csv and grade the class again with --out" if other else
+                "import the class from its Moodle download with `python -m autograder import`")
         raise ExportError("Moodle matches a grade to a student by participant id (a Moodle download), email "
                           "address or ID number; these students have none of them: "
-                          f"{', '.join(lacking[:10])}{' ...' if len(lacking) > 10 else ''} (import the class "
-                          "from its LMS download with `python -m autograder import`)")
+                          f"{', '.join(lacking[:10])}{' ...' if len(lacking) > 10 else ''} ({hint})")
     return "gradebook"
 
 

@@ -149,8 +149,13 @@ def test_moodle_without_participant_ids_is_matched_by_email_or_refused(tmp_path)
     assert len(table[0]) == 5
 
     bare = _class(tmp_path / "b", {"zed": _result("zed")}, "")
-    with pytest.raises(lms_export.ExportError, match="zed"):
+    with pytest.raises(lms_export.ExportError, match="zed.*import the class from its Moodle download"):
         lms_export.export(bare, "moodle", tmp_path / "m3.csv")
+    # A class imported from Canvas: `import` was done; what is missing is an email address.
+    canvas = _class(tmp_path / "c", {"kim": _result("kim")}, "kim,canvas,Canvas user id,1002,Kim Ro,,\n")
+    with pytest.raises(lms_export.ExportError, match="kim.*from a Canvas download.*`email` column") as e:
+        lms_export.export(canvas, "moodle", tmp_path / "m4.csv")
+    assert "python -m autograder import" not in str(e.value)
 
 
 def test_plain_keeps_every_column_and_the_notes(tmp_path):
