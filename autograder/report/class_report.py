@@ -205,6 +205,10 @@ def _flags(students: dict, results: dict, imports: dict, body: list, col: dict, 
         if row[col["Status"]] == "error":
             flags.append({"student": s, "name": row[0], "what": "grading could not finish",
                           "detail": results[s].error or ""})
+        for ch in results[s].chapters:  # (a corrupt upload: the student may hand it in again)
+            if ch.not_graded:
+                flags.append({"student": s, "name": row[0], "what": "notebook not read",
+                              "detail": f"{ch.chapter}: {ch.not_graded}"})
         for note in instructor_flags.import_notes(imports[s]):
             what, _, detail = note.partition(": ") if note.startswith(("LATE: ", "not placed: ")) \
                 else note.partition(" ") if note.startswith("unpacked ") else ("import", "", note)

@@ -111,6 +111,20 @@ def test_code_identical_to_the_published_solutions_is_flagged(graded):
     assert read_gradebook(graded / "grades.csv")["sol"]["Status"] == "ok"
 
 
+def test_a_notebook_that_could_not_be_read_is_flagged(tmp_path):
+    """A corrupt upload scores zero for its chapter; the instructor, who may take it again, sees it
+    among the flags (before: only in the exercise's counts)."""
+    cls = tmp_path / "class"
+    _copy("solutions", cls / "sol")
+    (cls / "zoe").mkdir()
+    (cls / "zoe" / f"{CH1}.ipynb").write_text('{"cells": [', encoding="utf-8")
+    grade_class(cls, Grader(device="cpu"), jobs=1, out_dir=tmp_path / "out", csv_path=tmp_path / "grades.csv",
+                chapters=[CH1], progress=False)
+    flags = {(r[0], r[1]): r[2] for r in _table(_page(tmp_path / "out"), "flags")}
+    assert flags[("zoe", "notebook not read")].startswith(f"{CH1}: "), flags
+    assert not any(name == "sol" and what == "notebook not read" for name, what in flags)
+
+
 def test_reformatted_code_is_still_identical_and_a_changed_one_is_not(tmp_path):
     nb = json.loads((REPO / "solutions" / f"{CH1}.ipynb").read_text())
     for cell in nb["cells"]:
