@@ -86,7 +86,7 @@ def _sdpa(q, k, v, mask, after_softmax=False):
 
 # -------------------------------------------------------------------------- chapter 3
 def _heads(q, k, v, h, scale_dim=None):
-    B, L, D = q.shape[0], q.shape[-2], q.shape[-1]
+    D = q.shape[-1]
     split = lambda x: x.reshape(*x.shape[:-1], h, D // h).transpose(-3, -2)
     s = split(q) @ split(k).transpose(-2, -1) / (scale_dim or D // h) ** 0.5
     o = torch.softmax(s, -1) @ split(v)

@@ -161,8 +161,6 @@ def run(root, chapters: list[str] | None = None, hide_answers: bool = False, set
     (sandbox, flags) go to stdout, which Gradescope shows instructors only. settings: the
     runner's (`settings.Settings`, read once from the environment run_autograder sets; default
     `settings.Settings.from_env()`)."""
-    import tempfile
-
     from ..settings import Settings, installed
 
     from ..shared.contract import CHAPTERS

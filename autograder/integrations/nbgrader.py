@@ -79,8 +79,6 @@ class SandboxedGrades(NbGraderPreprocessor):
         key = (resources["nbgrader"]["student"], resources["nbgrader"]["assignment"])
         graded = SandboxedGrades._graded.get(key)
         if graded is None or chapter.id not in graded:
-            import time
-
             start = time.perf_counter()
             graded = self._grade_student(nb, chapter, resources)
             SandboxedGrades._graded = {key: graded}
