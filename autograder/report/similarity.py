@@ -33,46 +33,66 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def definitions(notebook) -> dict:
-    """Top-level function and class definitions by name (the last one wins, as when run), of a
-    notebook's `ParsedSubmission` (or of its cells as they run)."""
-    return {name: node for name, (_, node) in ParsedSubmission.of(notebook).definitions.items()}
+class Definitions:
+    """A notebook's top-level definitions as a run of every cell leaves them, each with its
+    place (cell, line): `last`, name -> the last `def` or `class` of that name; `attached`,
+    class name -> method name -> the last function decorated `@add_to_class(that class)` (set on
+    the class when defined, whatever the name is bound to later)."""
+
+    def __init__(self, notebook):
+        parsed = ParsedSubmission.of(notebook)
+        self.last = {name: ((cell, node.lineno), node) for name, (cell, node) in parsed.definitions.items()}
+        self.attached: dict[str, dict] = defaultdict(dict)
+        for number, tree in enumerate(parsed.trees, 1):
+            for node in tree.body if tree is not None else ():
+                if isinstance(node, _FUNCTIONS):
+                    for cls in filter(None, map(_attached_to, node.decorator_list)):
+                        self.attached[cls][node.name] = ((number, node.lineno), node)
 
 
-def exercise_node(defs: dict, ex):
+def definitions(notebook) -> Definitions:
+    """The `Definitions` of a notebook's `ParsedSubmission` (or of its cells as they run)."""
+    return Definitions(notebook)
+
+
+def exercise_node(defs: Definitions, ex):
     """The exercise's own definition, or None: a method's function, in its class's body or
     attached to it afterwards with `@add_to_class(Cls)` (as chapter 6's notebook writes its
-    methods, one cell each); a class with the methods so attached, as it runs."""
-    node = defs.get(ex.target)
-    attached = _attached_methods(defs, ex.target)
+    methods, one cell each); a class with the methods so attached, as it runs. An attachment
+    made before the class's last definition went with the class it was made to."""
+    where, node = defs.last.get(ex.target, (None, None))
+    attached = {} if where is None else {
+        name: _as_method(fn) for name, (at, fn) in defs.attached.get(ex.target, {}).items() if at > where}
     if ex.kind == "method":
         if ex.name in attached:
             return attached[ex.name]
-        return None if node is None else next(
+        return None if not isinstance(node, ast.ClassDef) else next(
             (n for n in node.body if isinstance(n, _FUNCTIONS) and n.name == ex.name), None)
     if isinstance(node, ast.ClassDef) and attached:
         body = [n for n in node.body if not (isinstance(n, _FUNCTIONS) and n.name in attached)]
-        node = ast.ClassDef(node.name, node.bases, node.keywords, body + list(attached.values()),
-                            node.decorator_list)
+        node = _with(node, body=body + list(attached.values()))
     return node
 
 
-def _attached_methods(defs: dict, cls: str) -> dict:
-    """name -> the top-level functions of `defs` decorated `@add_to_class(cls)`, without that
-    decorator: the same code as a method written in the class's body."""
-    out = {}
-    for name, node in defs.items():
-        if isinstance(node, _FUNCTIONS) and any(_attaches(d, cls) for d in node.decorator_list):
-            method = node.__class__(**{f: getattr(node, f, None) for f in node._fields})
-            method.decorator_list = [d for d in node.decorator_list if not _attaches(d, cls)]
-            out[name] = method
-    return out
+def _with(node, **fields):
+    """A shallow copy of `node` with `fields` replaced (every field copied: a node built with
+    some left out dumps differently on some Pythons, 3.12's `type_params`)."""
+    return node.__class__(**{**{f: getattr(node, f, None) for f in node._fields}, **fields})
 
 
-def _attaches(decorator, cls: str) -> bool:
-    return (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name)
+def _as_method(fn):
+    """An attached function as the same method written in the class's body: without the
+    `@add_to_class` decorator."""
+    return _with(fn, decorator_list=[d for d in fn.decorator_list if _attached_to(d) is None])
+
+
+def _attached_to(decorator) -> str | None:
+    """The class `@add_to_class(Cls)` names, or None for another decorator."""
+    if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name)
             and decorator.func.id == "add_to_class" and len(decorator.args) == 1
-            and isinstance(decorator.args[0], ast.Name) and decorator.args[0].id == cls)
+            and isinstance(decorator.args[0], ast.Name)):
+        return decorator.args[0].id
+    return None
 
 
 def _local_names(root) -> set[str]:
@@ -156,7 +176,8 @@ def _normalised_once(node):
     """`normalised(node)` made once for `dump` and `tokens`, which both read it, never change
     it, and are asked for the same definition by the identical-code flag and then the
     similarity fingerprints, which empties it (an AST node hashes by identity, and the cache
-    holds it: no other node can take its key)."""
+    holds it: no other node can take its key). A class with attached methods is built anew by
+    each `exercise_node`, so it is normalised once by each of the two."""
     return normalised(node)
 
 

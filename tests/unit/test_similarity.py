@@ -155,9 +155,16 @@ def test_methods_attached_with_add_to_class_are_compared(tmp_path):
     changed.write_text(json.dumps(nb))
     flagged = class_report.identical_to_solutions([(ch6, changed)])
     assert [ch6, "prepare_qkv_global"] in flagged and [ch6, "MultiHeadAttention"] not in flagged
-    method = ast.parse("class MultiHeadAttention:\n    def prepare_qkv_global(self, q, k, v):\n        return q\n")
-    attached = ast.parse("@add_to_class(MultiHeadAttention)\ndef prepare_qkv_global(self, q, k, v):\n    return q\n")
-    ex = next(e for e in CHAPTERS[ch6].exercises if e.name == "prepare_qkv_global")
-    in_body = similarity.exercise_node({"MultiHeadAttention": method.body[0]}, ex)
-    outside = similarity.exercise_node({"prepare_qkv_global": attached.body[0]}, ex)
-    assert similarity.dump(in_body) == similarity.dump(outside)
+    ex = {e.name: e for e in CHAPTERS[ch6].exercises}
+    in_body = ("class MultiHeadAttention:\n    def forward(self, x):\n        return x\n\n"
+               "    def prepare_qkv_global(self, q, k, v):\n        return q\n")  # (attached ones come last)
+    attached = ("class MultiHeadAttention:\n    def forward(self, x):\n        return x\n",
+                "@add_to_class(MultiHeadAttention)\ndef prepare_qkv_global(self, q, k, v):\n    return q\n")
+    for name in ("prepare_qkv_global", "MultiHeadAttention"):  # written either way, the same code
+        same = [similarity.dump(similarity.exercise_node(similarity.definitions(cells), ex[name]))
+                for cells in ([in_body], list(attached))]
+        assert same[0] is not None and same[0] == same[1], name
+    # The class defined again after the attachment: the run's class has no attached method.
+    again = [*attached, "class MultiHeadAttention:\n    def prepare_qkv_global(self, q, k, v):\n        return k\n"]
+    node = similarity.exercise_node(similarity.definitions(again), ex["prepare_qkv_global"])
+    assert ast.unparse(node).endswith("return k")
