@@ -166,6 +166,12 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     class_dir = Path(class_dir)
     start = time.perf_counter()
     folders, chapters = _students_and_chapters(class_dir, grader, chapters, shard, only)
+    run = class_report.run_of(grader.seed, grader.devices)
+    if only and out_dir and (differ := class_report.other_runs(out_dir, run, only)):
+        raise ValueError(f"{', '.join(printable(d) for d in differ[:5])}{' ...' if len(differ) > 5 else ''} "
+                         f"in {out_dir} {'was' if len(differ) == 1 else 'were'} graded with another seed or "
+                         "other devices: grade with the class's --seed and --device, or grade the whole "
+                         "class again")
     plans = _plans(grader, folders, chapters)
     if not any(nb is not None for _, todo in plans.values() for _, nb in todo):
         return {name: Grader.assemble(r, [], 0.0) for name, (r, _) in sorted(plans.items())}  # writes nothing
@@ -186,7 +192,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         identical = [list(x) for x in source.get("identical") or []]
         if out_dir:  # (before the journal says the student is done: a run killed between the
             # two grades them again when resumed, instead of resuming without their reports)
-            _write_reports(Path(out_dir), name, r, class_dir, identical, source.get("code") or {})
+            _write_reports(Path(out_dir), name, r, class_dir, identical, source.get("code") or {}, run)
         journal.add(name, prints[name], r, identical)
         bar.set_postfix_str(printable(name))  # (a folder's name is the student's text)
         bar.update()
@@ -205,7 +211,8 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     return dict(sorted(results.items()))
 
 
-def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identical, code: dict) -> None:
+def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identical, code: dict,
+                   run: dict) -> None:
     """out/<student>/: results.json, feedback.html and grading.json (the class report's), each
     written whole (`atomic`) as soon as the student is graded."""
     import json
@@ -214,4 +221,4 @@ def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identic
 
     atomic.write_text(out / name / "results.json", json.dumps(gradescope.results_json(r), indent=2))
     atomic.write_text(out / name / "feedback.html", html.render(r))
-    class_report.save(out, name, r, class_dir, identical, code)
+    class_report.save(out, name, r, class_dir, identical, code, run)

@@ -74,10 +74,37 @@ def identical_to_solutions(todo) -> list[list[str]]:
 IMPORT_KEYS = ("lms", "id_kind", "lms_id", "email", "notes")  # of students.csv, for the exports
 
 
-def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identical=(), code=None) -> Path:
+def run_of(seed: int, devices) -> dict:
+    """What a student's grading.json records of how they were graded, for `batch --only` to
+    compare: the devices, and the seed's digest (not the seed: it decides the hidden inputs)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"attention-autograder-seed\0{seed}".encode()).hexdigest()[:16]
+    return {"seed_sha256": digest, "devices": list(devices)}
+
+
+def other_runs(out_dir, run: dict, students) -> list[str]:
+    """The students saved in DIR (other than `students`) graded otherwise than `run` says (another
+    seed or other devices); those saved before the record was kept are taken as they are."""
+    differ = []
+    for path in sorted(Path(out_dir).glob(f"*/{SAVED}")) if Path(out_dir).is_dir() else ():
+        if path.parent.name in students:
+            continue
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")).get("run")
+        except (OSError, ValueError, AttributeError):
+            continue  # (the report says so when it is rebuilt)
+        if isinstance(saved, dict) and saved != run:
+            differ.append(path.parent.name)
+    return differ
+
+
+def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identical=(), code=None,
+         run: dict | None = None) -> Path:
     """DIR/<student>/grading.json: what the class report and `export` need of one student:
-    the result, the names and LMS ids `import` recorded, the flags, and `code` (exercise ->
-    normalised token stream, `similarity.fingerprints`) for comparing students."""
+    the result, the names and LMS ids `import` recorded, the flags, `code` (exercise ->
+    normalised token stream, `similarity.fingerprints`) for comparing students, and `run`
+    (`run_of`: how they were graded)."""
     name, lms_id = gradebook._students(class_dir).get(student, (student, student))
     imported = gradebook.imported(class_dir).get(student) or {}
     if code is None:  # (the notebooks graded, read again as data)
@@ -90,6 +117,8 @@ def save(out_dir, student: str, result: SubmissionResult, class_dir=None, identi
     data = {"format": FORMAT, "student": student, "name": name, "id": lms_id,
             "class": Path(class_dir).name if class_dir else "", "identical_to_solutions": [list(x) for x in identical],
             "import": {k: imported.get(k) or "" for k in IMPORT_KEYS}, "code": code or {}, "result": plain}
+    if run is not None:
+        data["run"] = run
     path = Path(out_dir) / student / SAVED
     atomic.write_text(path, json.dumps(data))  # (whole or not at all)
     return path

@@ -170,6 +170,18 @@ def test_regrading_one_student_updates_the_csv_and_the_report(graded, tmp_path):
     assert ("mia", f"{CH1}: softmax, {CH1}: attention_pool") in flags
 
 
+def test_regrading_one_student_with_another_seed_is_refused(graded, tmp_path):
+    """`--only` with a seed (or devices) other than the class's: that student's hidden inputs
+    would not be the class's. Before: accepted without a word."""
+    out = tmp_path / "out"
+    shutil.copytree(graded / "out", out)
+    other = Grader(device="cpu").seed + 1
+    with pytest.raises(ValueError, match="graded with another seed or other devices: grade with the class's --seed"):
+        grade_class(graded / "class", Grader(device="cpu", seed=other), only=["mia"], out_dir=out,
+                    csv_path=tmp_path / "grades.csv", chapters=[CH1], progress=False)
+    assert not (tmp_path / "grades.csv").exists()
+
+
 def test_only_names_a_student_folder(graded):
     with pytest.raises(ValueError, match="no student folder 'zoe'"):
         grade_class(graded / "class", Grader(device="cpu"), only=["zoe"], chapters=[CH1], progress=False)
