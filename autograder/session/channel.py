@@ -145,8 +145,9 @@ class Channel:
 
     # -- the one poll loop: sending and receiving ---------------------------------------------
     def send(self, message, deadline: float) -> bool:
-        """Write one message to the child; False if it died or would not read in time."""
-        view = memoryview(wire.encode(protocol.plain(message)))
+        """Write one message (or its frame, bytes) to the child; False if it died or would not
+        read in time."""
+        view = memoryview(message if isinstance(message, bytes) else wire.encode(protocol.plain(message)))
         while view:
             try:
                 view = view[os.write(self.child.req_fd, view):]

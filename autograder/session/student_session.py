@@ -41,6 +41,7 @@ from ..sandbox.limits import Limits
 from ..sandbox.modes import SandboxMode, resolve_sandbox
 from ..sandbox.policy import hidden_paths
 from ..sandbox.pool import SandboxPool
+from . import call_frames
 from .call_outcome import believed
 from .cell_pass import run_cells
 from .channel import Budget, Capture, Lost, LostKind
@@ -198,7 +199,7 @@ class StudentSession:
         t0 = time.monotonic()
         deadline = t0 + timeout + self.limits.grace
         name = f"`{call.target}`" + (f".{call.method}" if call.method else "")
-        if not ch.send(protocol.RunCall(self._call_id, call.to_wire(), timeout), deadline):
+        if not ch.send(call_frames.run_call(self._call_id, call, timeout), deadline):
             event = Lost(LostKind.DEAD)
         else:
             event = ch.receive(deadline)

@@ -60,6 +60,18 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 def encode(obj: Any) -> bytes:
     """Encode nested dicts/lists/tuples of plain values and tensors into one frame."""
+    return frame(*parts(obj))
+
+
+def frame(header: bytes, payload: bytes) -> bytes:
+    """The frame of a JSON header and its payload (`parts`)."""
+    return MAGIC + struct.pack(">Q", len(header)) + header + struct.pack(">Q", len(payload)) + payload
+
+
+def parts(obj: Any) -> tuple[bytes, bytes]:
+    """`obj`'s header (UTF-8 JSON, tensors as {"__tensor__": [dtype, shape, offset, nbytes]})
+    and payload: what `frame` joins. For a caller that reuses a part encoded once, whose
+    tensors' offsets start at 0 (`session.call_frames`)."""
     chunks: list[bytes] = []
     offset = 0
 
@@ -92,8 +104,7 @@ def encode(obj: Any) -> bytes:
         raise WireError(f"cannot encode {type(x).__name__}")
 
     header = json.dumps(walk(obj), allow_nan=True).encode()
-    payload = b"".join(chunks)
-    return MAGIC + struct.pack(">Q", len(header)) + header + struct.pack(">Q", len(payload)) + payload
+    return header, b"".join(chunks)
 
 
 def frame_length(buf, max_header: int = MAX_HEADER, max_payload: int = MAX_PAYLOAD) -> int | None:
