@@ -156,15 +156,25 @@ def test_the_watchdog_stops_a_student_who_outlasts_budget_and_margin(tmp_path):
     the student is `error` (not graded again, not a hang); the CSV is written. The cell swallows
     the child's own interrupt, so only the parent's kill, `grace` (2 s) later, ends it: a plain
     sleep ended at the 1 s budget, racing the watchdog (lost once the batch's zygote came up
-    before the first student, stop 45)."""
+    before the first student, stop 45). The killed worker's temporary folders (its staged
+    runtime, zygote, sandbox and session folders) are removed with the batch's: before, they
+    stayed in /tmp."""
+    import tempfile
+
     klass = tmp_path / "class"
     swallowing = "import time\nwhile True:\n    try:\n        time.sleep(60)\n    except BaseException:\n        pass\n"
     _copy(CH5, klass / "slow", extra=[swallowing])
-    r = _batch(klass, "--jobs", "1", "--csv", tmp_path / "grades.csv",
-               env={"AUTOGRADER_STUDENT_BUDGET": "1", "AUTOGRADER_WATCHDOG_MARGIN": "0"})
-    assert r.returncode == 4, r.stderr
-    row = read_gradebook(tmp_path / "grades.csv")["slow"]
-    assert row["Status"] == "error" and "longer than 1 s" in row["Notes"], row
+    tmp = Path(tempfile.mkdtemp(prefix="batch-tmpdir-"))  # (under /tmp: the sandbox's nobody reads it)
+    try:
+        tmp.chmod(0o755)
+        r = _batch(klass, "--jobs", "1", "--csv", tmp_path / "grades.csv",
+                   env={"AUTOGRADER_STUDENT_BUDGET": "1", "AUTOGRADER_WATCHDOG_MARGIN": "0", "TMPDIR": str(tmp)})
+        assert r.returncode == 4, r.stderr
+        row = read_gradebook(tmp_path / "grades.csv")["slow"]
+        assert row["Status"] == "error" and "longer than 1 s" in row["Notes"], row
+        assert sorted(os.listdir(tmp)) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_zip_of_big_zips_is_streamed_and_capped_per_student(tmp_path, monkeypatch):
