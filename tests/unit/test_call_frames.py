@@ -86,3 +86,8 @@ def test_what_is_kept_holds_its_objects_and_stays_under_its_bound(monkeypatch):
     assert gone() is None  # the least recent, dropped
     call_frames.run_call(1, Call("c", "e", "case", "f", args=[torch.zeros(1000, dtype=torch.float64)]), 1.0)  # over the bound
     assert call_frames._kept_bytes <= 3000
+
+
+def test_a_tensor_outside_the_inputs_is_sent_too():
+    call = Call("c", "e", "case", "f", args=[torch.ones(2)], grad=[torch.arange(3)])  # (none the grader makes)
+    assert same(wire.decode(call_frames.run_call(4, call, 1.0)), wire.decode(whole(4, call, 1.0)))
