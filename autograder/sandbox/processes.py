@@ -67,8 +67,7 @@ class Child:
         child that has ended (reaped: its pid may be another process's now) may have left
         processes holding its pipes: those carrying its token are killed."""
         lease = self.lease  # (read once: the reading thread's `kill` may release it meanwhile)
-        root = self.proc.pid if self.alive() else None
-        procs.kill_tree(root, self.limits.kill_rounds, also=lambda table: _marked(self.token, table))
+        kill_fallback_tree(self.proc.pid if self.alive() else None, self.token, self.limits.kill_rounds)
         if lease is not None:
             procs.kill_uid(lease.uid, self.limits.kill_rounds)
 
@@ -111,10 +110,11 @@ def _marked(token: str, pids) -> set[int]:
     return out
 
 
-def kill_fallback_tree(root_pid: int, token: str, rounds: int = Limits.kill_rounds) -> None:
+def kill_fallback_tree(root_pid: int | None, token: str, rounds: int = Limits.kill_rounds) -> None:
     """Stop, then kill, the child, its descendants (orphans included: the worker is a child
     subreaper), its process group, and any process carrying its environment token (a daemon
-    that escaped both). Without /proc only the process group is killed."""
+    that escaped both); with no `root_pid` (a child that has ended), only those carrying the
+    token. Without /proc only the process group is killed."""
     procs.kill_tree(root_pid, rounds, also=lambda table: _marked(token, table))
 
 

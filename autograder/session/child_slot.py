@@ -21,7 +21,7 @@ from .channel import Budget, Capture, Channel, Lost, LostKind
 
 
 _LAUNCHING = threading.Lock()
-_STOPPED: list[bool] = []       # (set once, by `stop_children`)
+_STOPPED = threading.Event()    # (set once, by `stop_children`)
 _LAUNCHED = weakref.WeakSet()   # this process's new-process children (no sandbox pool)
 STOPPED_WHY = "the grading process was not started: the grading was stopped"
 
@@ -34,7 +34,7 @@ def stop_children() -> None:
     `SandboxPool.close`.) For the process's end only: a library caller's later grading would
     find no child started."""
     with _LAUNCHING:
-        _STOPPED.append(True)
+        _STOPPED.set()
         children = list(_LAUNCHED)
     for child in children:
         child.stop()
@@ -106,7 +106,7 @@ class ChildSlot:
             if self.workdir:  # (the container mode removes a killed child's files: its folder too)
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
             with _LAUNCHING:  # (one started while `stop_children` runs is killed by it or not started)
-                if _STOPPED:
+                if _STOPPED.is_set():
                     return STOPPED_WHY
                 child = Child(self.mode, self.limits, self.hidden, self.workdir or "/", token,
                               self.headroom, self.mapped_heap)
