@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-call cost of the forbidden-op recorder: every CPU case of the reference solutions run
 with the recorder and with a do-nothing stand-in, in one process, alternating, medians."""
-import statistics, time, sys
+import statistics, time
 import torch
 torch.set_num_threads(1)
 import autograder.runtime.execute as E

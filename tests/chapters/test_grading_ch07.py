@@ -8,7 +8,6 @@ test_grading_common.py."""
 import functools
 
 import pytest
-import torch
 
 from autograder.runtime.execute import execute
 from autograder.references.cache import REFERENCES

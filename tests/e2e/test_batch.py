@@ -1,5 +1,4 @@
 """Class grading: every student is graded out of the same chapters."""
-import csv
 import shutil
 
 import pytest

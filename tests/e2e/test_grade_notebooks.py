@@ -2,7 +2,6 @@
 students write them (helper cells, plots, magics, reordered cells, other formulas, bugs)."""
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 import subprocess

@@ -6,7 +6,6 @@ zero, nothing secret is readable or importable, a bypassed recorder changes no s
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

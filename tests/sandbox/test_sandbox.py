@@ -6,7 +6,6 @@ Each test runs a StudentSession (a real child process) in the sandbox modes avai
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess

@@ -8,7 +8,6 @@ allowed torch namespaces is not flagged."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from autograder.runtime.execute import _Recorder
 from autograder.source.forbidden import foreign_namespace
