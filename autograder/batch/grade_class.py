@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import os
 import time
 from pathlib import Path
 
@@ -214,11 +215,21 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
 def _write_reports(out: Path, name: str, r: SubmissionResult, class_dir, identical, code: dict,
                    run: dict) -> None:
     """out/<student>/: results.json, feedback.html and grading.json (the class report's), each
-    written whole (`atomic`) as soon as the student is graded."""
+    written whole (`atomic`) as soon as the student is graded. The grading.json of an earlier run
+    goes first and this run's comes last, so that a folder with one holds one run's three
+    files: a run stopped between them leaves none, and the class report and `export` count
+    the student as not graded, instead of reading an older grade beside newer feedback."""
     import json
 
     from ..report import atomic
 
+    saved = out / name / class_report.SAVED
+    try:
+        os.unlink(saved)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # (`cli` names what could not be written)
+        raise atomic.WriteFailed.of(e, saved) from e
     atomic.write_text(out / name / "results.json", json.dumps(gradescope.results_json(r), indent=2))
     atomic.write_text(out / name / "feedback.html", html.render(r))
     class_report.save(out, name, r, class_dir, identical, code, run)

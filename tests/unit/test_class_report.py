@@ -20,6 +20,7 @@ import pytest
 from autograder.batch.grade_class import grade_class
 from autograder.grading.grader import Grader
 from autograder.report import class_report
+from autograder.shared.contract import CHAPTERS
 from grading_helpers import REPO, read_gradebook
 
 CH1 = "01_intuition"
@@ -180,6 +181,29 @@ def test_regrading_one_student_with_another_seed_is_refused(graded, tmp_path):
         grade_class(graded / "class", Grader(device="cpu", seed=other), only=["mia"], out_dir=out,
                     csv_path=tmp_path / "grades.csv", chapters=[CH1], progress=False)
     assert not (tmp_path / "grades.csv").exists()
+
+
+def test_a_regrade_stopped_between_a_students_files_leaves_no_older_grade_beside_them(graded, tmp_path, monkeypatch):
+    """A run stopped after a student's feedback was written and before their grading.json: the
+    class report and `export` read grading.json, so the earlier run's stayed beside the new
+    feedback and was read as the student's grade. Now it goes first."""
+    from autograder.batch import grade_class as batch_module
+
+    cls, out = tmp_path / "class", tmp_path / "out"
+    shutil.copytree(graded / "class", cls)
+    shutil.copytree(graded / "out", out)
+    _copy("solutions", cls / "mia")
+    assert (out / "mia" / class_report.SAVED).is_file()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(batch_module.class_report, "save", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        grade_class(cls, Grader(device="cpu"), only=["mia"], out_dir=out, csv_path=tmp_path / "grades.csv",
+                    chapters=[CH1], progress=False, in_process=True)
+    assert json.loads((out / "mia" / "results.json").read_text())["score"] == CHAPTERS[CH1].points  # (this run's)
+    assert not (out / "mia" / class_report.SAVED).exists()
+    assert "mia" not in class_report.load(out)[0]
 
 
 def test_only_names_a_student_folder(graded):
