@@ -19,6 +19,7 @@ from ..grading.grader import Grader
 from ..report import class_report
 from ..grading.results import ChapterResult, SubmissionResult
 from ..sandbox.modes import SandboxMode, resolve_sandbox
+from ..sandbox import scratch
 from ..sandbox.pool import SandboxPool, pooled, student_pool
 from ..report.untrusted_text import capped
 from ..runtime import procs
@@ -42,12 +43,11 @@ def _zygote(grader: Grader):
         _ZYGOTE = False
         if Zygote.usable(SandboxMode.BUBBLEWRAP):
             import atexit
-            import tempfile
             from multiprocessing import util
 
             limits = grader.limits
             for cloned in ([True] if _CLONE_AT else []) + [False]:  # (a clone that fails: one of its own)
-                workdir = None if cloned else tempfile.mkdtemp(prefix="autograder-zygote-")
+                workdir = None if cloned else scratch.mkdtemp("autograder-zygote-")
                 try:
                     zygote = Zygote.cloned(limits, _CLONE_AT) if cloned else Zygote(limits, hidden_paths(), workdir)
                 except OSError:
@@ -125,9 +125,8 @@ def grade_student(grader: Grader, todo: list) -> list[ChapterResult]:
 
 
 def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.Settings, counter,
-                  clone_at: str | None = None, temp_root: str | None = None) -> None:
+                  clone_at: str | None = None, spool: str | None = None) -> None:
     import signal
-    import tempfile
 
     import torch
 
@@ -152,9 +151,8 @@ def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.S
     # not through the environment) from the parent.
     os.chdir(cwd)
     _settings.install(settings)
-    if temp_root:  # (`_worker_temp`: what a killed worker leaves there, the command removes)
-        tempfile.tempdir = tempfile.mkdtemp(prefix="worker-", dir=temp_root)
-        os.chmod(tempfile.tempdir, 0o711)
+    if spool:  # (the folders it makes, listed for `run_all` to remove if it is killed)
+        scratch.keep_ledger(os.path.join(spool, f"ledger-{os.getpid()}"))
 
     # As many torch threads as its cores: idle OpenMP threads spin for a while after each
     # operation, and more threads than cores would take CPU from the other workers' students.
@@ -162,7 +160,7 @@ def _start_worker(snapshot: bytes, threads: int, cwd: str, settings: _settings.S
     REFERENCES.adopt(snapshot)
 
 
-def _worker_pool(grader: Grader, jobs: int, chapters, temp_root: str | None = None) -> ProcessPoolExecutor:
+def _worker_pool(grader: Grader, jobs: int, chapters, spool: str | None = None) -> ProcessPoolExecutor:
     """Worker processes, started warm.
 
     Processes, not threads: the grader's own work (comparisons, reference runs) holds the GIL.
@@ -179,25 +177,18 @@ def _worker_pool(grader: Grader, jobs: int, chapters, temp_root: str | None = No
     threads = max(1, cores // jobs)
     return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_start_worker,
                                initargs=(REFERENCES.snapshot(cuda=True), threads, os.getcwd(), grader.settings,
-                                         ctx.Value("i", 0), first_zygote.address(), temp_root))
+                                         ctx.Value("i", 0), first_zygote.address(), spool))
 
 
 @contextlib.contextmanager
-def _worker_temp():
-    """A temporary folder for the batch's workers, removed when the batch ends however it ends.
-    Each worker makes its own temporary folders in it (its staged runtime, zygote, sandbox and
-    session folders), and removes them as it ends; a worker that is killed (the watchdog, a
-    stop's last resort, a student who kills it) cannot, and used to leave them in /tmp.
-    Traversable (0711) but not listable, as the student's sandbox, dropped to another user
-    where there is no bubblewrap, reads its staged runtime and works in its folder there."""
-    import tempfile
-
-    root = tempfile.mkdtemp(prefix="autograder-workers-")
+def _removing_what_workers_left(spool: str):
+    """When the batch ends, however it ends: the temporary folders of workers that were killed
+    before they could remove their own (`sandbox.scratch`: each worker lists what it makes in
+    the spool)."""
     try:
-        os.chmod(root, 0o711)
-        yield root
+        yield
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        scratch.remove_listed(spool)
 
 
 def student_flags(chapters: list[ChapterResult]) -> dict:
@@ -425,13 +416,13 @@ def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
     limit = watchdog_seconds(grader)
     keys = {name: f"s{i}" for i, name in enumerate(work)}
     pending, rounds = dict(work), 0
-    with tempfile.TemporaryDirectory(prefix="autograder-batch-") as spool, _worker_temp() as temp_root:
+    with tempfile.TemporaryDirectory(prefix="autograder-batch-") as spool, _removing_what_workers_left(spool):
         while pending:
             solo = rounds > 0
             batches = [[name] for name in pending] if solo else [list(pending)]
             failed: dict[str, BaseException] = {}
             for names in batches:
-                pool = _worker_pool(grader, 1 if solo else jobs, chapters, temp_root)
+                pool = _worker_pool(grader, 1 if solo else jobs, chapters, spool)
                 killed: dict[str, str] = {}
                 started: dict[str, float] = {}
                 with pool, _stopping_workers(pool):

@@ -131,9 +131,9 @@ def load(out_dir) -> tuple[dict, list[str]]:
     for folder in sorted(p for p in Path(out_dir).iterdir() if p.is_dir()):
         path = folder / SAVED
         if not path.is_file():
-            if (folder / "feedback.html").is_file():
-                problems.append(f"{folder.name}: no {SAVED} (graded by an older grader?); this student is "
-                                "left out (grade them again)")
+            if (folder / "feedback.html").is_file() or (folder / "results.json").is_file():
+                problems.append(f"{folder.name}: no {SAVED} (a regrade that was stopped or ran out of disk "
+                                "before it, or an older grader); this student is left out (grade them again)")
             continue
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

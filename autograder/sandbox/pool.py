@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 
 from .. import settings as _settings
 from ..runtime import procs
 from .limits import Limits, NOBODY
+from . import scratch
 from .modes import SandboxChoice, SandboxMode
 from .policy import hidden_paths, own_pid_namespace, student_uid
 from .warm import SandboxDied, WarmSandbox, Zygote
@@ -43,7 +43,7 @@ class SandboxPool:
         self._boxes: list[WarmSandbox] = []   # alive or in use
         self._fresh: set[int] = set()         # ids of boxes no chapter has used yet
         self._cond = threading.Condition()
-        self._workdir = tempfile.mkdtemp(prefix="autograder-sandbox-")
+        self._workdir = scratch.mkdtemp("autograder-sandbox-")
         os.chmod(self._workdir, 0o700)
         self.closed = False
         self._lease = student_uid()  # this student's own uid (as root), for all their sandboxes

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from multiprocessing import util
 from pathlib import Path
@@ -18,6 +17,7 @@ from .. import settings as _settings
 from ..references.solutions import PACKAGE_DIR, REPO_DIR, solutions_dir
 from ..references.store import cache_dir
 from .limits import NOBODY
+from . import scratch
 
 # What the child imports, staged whole: nothing secret (no references, no cases, no solutions).
 # tests/unit/test_runtime_boundary.py fails if anything there imports from outside these folders.
@@ -40,7 +40,7 @@ def stage_runtime() -> Path:
     with _STAGE_LOCK:
         if _STAGE is not None and (_STAGE / "autograder" / "runtime" / "child.py").exists():
             return _STAGE
-        root = Path(tempfile.mkdtemp(prefix="autograder-runtime-"))
+        root = Path(scratch.mkdtemp("autograder-runtime-"))
         pkg = root / "autograder"
         pkg.mkdir()
         shutil.copyfile(PACKAGE_DIR / "__init__.py", pkg / "__init__.py")

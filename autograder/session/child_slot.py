@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 import weakref
 
 from ..shared import protocol
 from ..sandbox.limits import Limits
+from ..sandbox import scratch
 from ..sandbox.pool import SandboxPool
 from ..sandbox.processes import Child
 from ..sandbox.warm import SandboxDied
@@ -58,7 +58,7 @@ class ChildSlot:
         self.box = None  # the warm sandbox the children are forked from (with a pool)
         self.child: Child | None = None
         self.channel: Channel | None = None
-        self.workdir = tempfile.mkdtemp(prefix="autograder-session-")
+        self.workdir = scratch.mkdtemp("autograder-session-")
         os.chmod(self.workdir, 0o700)
         self.children = 0       # how many child processes were started
         self.startup_seconds: list[float] = []  # each child's start-up (Python + torch import)

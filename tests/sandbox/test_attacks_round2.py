@@ -157,7 +157,7 @@ def test_the_watchdog_stops_a_student_who_outlasts_budget_and_margin(tmp_path):
     the child's own interrupt, so only the parent's kill, `grace` (2 s) later, ends it: a plain
     sleep ended at the 1 s budget, racing the watchdog (lost once the batch's zygote came up
     before the first student, stop 45). The killed worker's temporary folders (its staged
-    runtime, zygote, sandbox and session folders) are removed with the batch's: before, they
+    runtime, zygote, sandbox and session folders) are removed when the batch ends: before, they
     stayed in /tmp."""
     import tempfile
 
