@@ -112,8 +112,8 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 cpu_rows[index] = result
             else:
                 result.used = list(cpu_rows[index].used if index in cpu_rows else result.used)
-            if m and m.aspect in STOPPING_ASPECTS:
-                stop = m
+            if m and m.aspect in STOPPING_ASPECTS and not c.capped_memory:
+                stop = m  # (a memory case ran in a capped child of its own: the others are not stopped)
             twins = same_path(cases, groups, index, result, c.case, cpu_passed) if device in DEVICE_CHECKS else []
             credit_cpu_only(device, result, cpu_passed.get(index, True))
             if device == "cpu":

@@ -82,15 +82,73 @@ def set_limits(config: dict) -> None:
         return
     rlimits = dict(config["rlimits"])
     headroom = config.get("data_headroom")
-    if headroom:  # the memory case's child (autograder.session.memory_case): this much beyond what it
-        # holds now (torch included), counted over every mapping (RLIMIT_AS sees shared and
-        # file-backed ones, which RLIMIT_DATA does not), with no GPU (its cases run on the CPU)
+    if headroom:  # the memory case's child (autograder.session.memory_case), with no GPU (its
+        # cases run on the CPU): `memory_case_caps`
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if config.get("mapped_heap"):
             map_large_blocks()
-        for name, key in (("DATA", "VmData:"), ("AS", "VmSize:")):
-            cap = headroom + status_bytes(key)
+        for name, cap in memory_case_caps(headroom).items():
             rlimits[name] = min(rlimits.get(name) or cap, cap)
+    _apply(resource, rlimits)
+    if headroom:
+        if not data_cap_enforced(rlimits["DATA"]):  # (a kernel booted with ignore_rlimit_data)
+            rlimits["AS"] = min(rlimits["AS"], headroom + status_bytes("VmSize:"))
+            _apply(resource, {"AS": rlimits["AS"]})
+        confine_memory_case(resource, rlimits)
+    nproc = config.get("nproc")
+    res = getattr(resource, "RLIMIT_NPROC", None)
+    if nproc and res is not None and os.getuid() != 0:
+        if config.get("nproc_relative"):
+            nproc += _tasks_of(os.getuid())
+        try:
+            resource.setrlimit(res, (nproc, nproc))
+        except (ValueError, OSError):
+            pass
+
+
+CODE_ROOM = 512 << 20  # the memory case's address space beyond its data cap: `memory_case_caps`
+STACK = 8 << 20        # ... and its main thread's stack
+
+
+def memory_case_caps(headroom: int) -> dict:
+    """The memory case's caps, from what the child holds now (torch included): `headroom` bytes
+    of data beyond it (RLIMIT_DATA: the heap and every private writable mapping, whether
+    touched or not), and address space (RLIMIT_AS) for `CODE_ROOM` more than that. Memory that
+    RLIMIT_DATA does not count is shared, or a stack: the filter refuses every shared and
+    grows-down mapping there (`confine.no_hidden_memory`), and the main thread's stack stops
+    at `STACK`. What else the room holds cannot be written (code, read-only files): what the
+    notebook's cells import, OpenBLAS's and matplotlib's libraries, about 80 MiB of a cell
+    importing scipy, matplotlib and IPython.display, which under an address-space cap alone
+    left an honest solution too little for the case."""
+    data = headroom + status_bytes("VmData:")
+    return {"DATA": data, "AS": status_bytes("VmSize:") + headroom + CODE_ROOM, "STACK": STACK}
+
+
+def data_cap_enforced(cap: int) -> bool:
+    """Whether the kernel refuses private writable memory beyond RLIMIT_DATA (a kernel booted
+    with `ignore_rlimit_data` only warns): a mapping one MiB past `cap`, never touched."""
+    try:
+        import ctypes
+        import mmap
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        size = max(0, cap - status_bytes("VmData:")) + (1 << 20)
+        got = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1, 0)  # MAP_NORESERVE
+    except Exception:
+        return False
+    if got in (None, ctypes.c_void_p(-1).value):
+        return True
+    libc.munmap(got, size)
+    return False
+
+
+def _apply(resource, rlimits: dict) -> None:
+    """Each limit as both soft and hard (never above a hard limit already set)."""
     for name, value in rlimits.items():
         res = getattr(resource, f"RLIMIT_{name}", None)
         if res is None or value is None:
@@ -99,17 +157,6 @@ def set_limits(config: dict) -> None:
             soft, hard = resource.getrlimit(res)
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(res, (value, value))
-        except (ValueError, OSError):
-            pass
-    if headroom:
-        confine_memory_case(resource, rlimits["AS"])
-    nproc = config.get("nproc")
-    res = getattr(resource, "RLIMIT_NPROC", None)
-    if nproc and res is not None and os.getuid() != 0:
-        if config.get("nproc_relative"):
-            nproc += _tasks_of(os.getuid())
-        try:
-            resource.setrlimit(res, (nproc, nproc))
         except (ValueError, OSError):
             pass
 
@@ -156,24 +203,25 @@ def map_large_blocks(threshold: int = 128 << 10) -> None:
 MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that could not be confined
 
 
-def confine_memory_case(resource, address_space: int) -> None:
+def confine_memory_case(resource, caps: dict) -> None:
     """The memory case's child seals what it holds, now that its caps count it
     (`confine.seal_mappings`; where the kernel cannot, Linux before 6.10: docs/security.md),
-    refuses shared anonymous memory, memfd_create, shmget, sockets, new processes and programs
-    (`confine.no_hidden_memory`), then checks that its address-space cap and that filter are in
-    place, the filter on every thread; where either is not, it exits before any student code
-    runs, so a memory case is never credited where memory went unmeasured."""
+    refuses shared and grows-down mappings, memfd_create, shmget, sockets, new processes and
+    programs (`confine.no_hidden_memory`), then checks that its caps (`memory_case_caps`) and
+    that filter are in place, the filter on every thread; where any is not, it exits before any
+    student code runs, so a memory case is never credited where memory went unmeasured."""
     from .confine import no_hidden_memory, seal_mappings
 
     seal_mappings()
 
     filtered = no_hidden_memory() and every_thread_filtered()
     try:
-        capped = resource.getrlimit(resource.RLIMIT_AS)[1] <= address_space
-    except (ValueError, OSError):
+        capped = all(resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))[1] <= caps[name]
+                     for name in ("DATA", "AS", "STACK"))
+    except (ValueError, OSError, AttributeError):
         capped = False
     if not (filtered and capped):
-        why = b"no seccomp filter on every thread" if not filtered else b"no address-space limit"
+        why = b"no seccomp filter on every thread" if not filtered else b"no memory limit"
         os.write(2, b"the memory case cannot be measured here: " + why + b"\n")
         os._exit(MEMORY_CASE_UNCONFINED)
 

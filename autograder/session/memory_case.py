@@ -7,11 +7,13 @@ there: the chapter's other cases, on every device, run in the ordinary children,
 GPU's driver may grow by hundreds of MiB after they start (CUDA loads its kernels lazily).
 
 The capped child runs the notebook's cells again, then the memory cases, on the CPU with no
-GPU visible; its address space is capped (RLIMIT_AS, which counts shared and file-backed
-mappings too), every mapping it holds then is sealed (`runtime.confine.seal_mappings`: no
-unmapping what the cap counted as taken), and a seccomp filter refuses anonymous shared
-memory, memfd_create, shmget, sockets, new processes and new programs there (`autograder.runtime.prepare.confine_memory_case`; the child exits before any student code
-runs where that cannot be done, so the case fails rather than go unmeasured). It runs before
+GPU visible; its data is capped (RLIMIT_DATA, with address space for the code the cells
+import: `runtime.prepare.memory_case_caps`), every mapping it holds then is sealed
+(`runtime.confine.seal_mappings`: no unmapping what the cap counted as taken), and a seccomp
+filter refuses shared and grows-down mappings, memfd_create, shmget, sockets, new processes
+and new programs there (`runtime.prepare.confine_memory_case`; the child exits before any
+student code runs where that cannot be done, so the case fails rather than go unmeasured).
+Its crash or timeout costs that case alone (`grading.judge`). It runs before
 the chapter's other children start and is gone when they do, so no process of the chapter can
 compute beside it.
 

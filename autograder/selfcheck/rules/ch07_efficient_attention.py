@@ -21,6 +21,12 @@ def _scores_size(call) -> str:
     return f"the {n / 2**20:.0f} MiB that all L_q x L_k scores take in {call.dtype}"
 
 
+def _cap_sentence(call) -> str:
+    return (f"it may allocate {_CAP_WORDS} of data beyond what the process held before the "
+            f"notebook's cells ran (what they keep counts too, not the code they import), less "
+            f"than {_scores_size(call)}.")
+
+
 def memory_limit(call, expected) -> int:
     """The most elements one tensor may hold while online_softmax_attention runs: the largest
     input, the largest output, or one block of scores (batch x L_q x block_size)."""
@@ -47,9 +53,12 @@ def compare(call, student, expected, notes=None):
     m = generic.compare(call, student, expected, notes)
     if m and call.capped_memory and m.aspect in ("error", "crash") and \
             any(w in m.message for w in _OUT_OF_MEMORY):
-        m.message = (f"the call ran out of memory: it may allocate {_CAP_WORDS} beyond what the process "
-                     f"held before the notebook's cells ran (what they import and keep counts too), less "
-                     f"than {_scores_size(call)}. {m.message}")
+        m.message = f"the call ran out of memory: {_cap_sentence(call)} {m.message}"
+        m.hint = MEMORY_HINT
+        return m
+    if m and call.capped_memory and m.aspect == "crash":
+        m.message = (f"the memory-capped process ended during the call; running out of memory "
+                     f"outside torch (in Python itself) can end it so: {_cap_sentence(call)} {m.message}")
         m.hint = MEMORY_HINT
         return m
     if m and call.capped_memory and m.aspect == "error" and "Operation not permitted" in m.message:
