@@ -292,6 +292,8 @@ def _gradescope_zip(args, settings) -> int:
 def _grade_or_batch(args, settings) -> int:
     if args.command == "batch":  # (every student is graded in a worker process, under a watchdog)
         from .batch import forkserver
+        from .sandbox import scratch
+        scratch.claim_spool()  # (first: it lists this process's folders, and removes killed batches')
         forkserver.context()  # its imports run while this process imports torch below
     from .sandbox.modes import SandboxUnavailable, resolve_sandbox
     try:

@@ -21,14 +21,14 @@ def start(limits) -> None:
     global _STARTED
     import atexit
     import socket
-    import tempfile
 
+    from ..sandbox import scratch
     from ..sandbox.policy import hidden_paths
     from ..sandbox.warm import Zygote
 
     if _STARTED is not None or not Zygote.usable(SandboxMode.BUBBLEWRAP):
         return
-    workdir = tempfile.mkdtemp(prefix="autograder-zygote-")  # (0700: only root reaches the socket)
+    workdir = scratch.mkdtemp("autograder-zygote-")  # (0700: only root reaches the socket; listed)
     address = os.path.join(workdir, "clone")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:

@@ -25,4 +25,8 @@ def context():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     multiprocessing.forkserver.ensure_running()
+    from multiprocessing import util
+
+    from ..sandbox import scratch
+    scratch.list_folder(util.get_temp_dir())  # (the server's socket's: a killed batch leaves it)
     return ctx

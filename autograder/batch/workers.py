@@ -416,7 +416,9 @@ def run_all(grader: Grader, work: dict, jobs: int, chapters, done) -> None:
     limit = watchdog_seconds(grader)
     keys = {name: f"s{i}" for i, name in enumerate(work)}
     pending, rounds = dict(work), 0
-    with tempfile.TemporaryDirectory(prefix="autograder-batch-") as spool, _removing_what_workers_left(spool):
+    claimed = scratch.claimed_spool()  # (the command's: `sweep_abandoned` finds it if the command is killed)
+    with tempfile.TemporaryDirectory(prefix="run-" if claimed else scratch.SPOOL_PREFIX, dir=claimed) as spool, \
+            _removing_what_workers_left(spool):
         while pending:
             solo = rounds > 0
             batches = [[name] for name in pending] if solo else [list(pending)]

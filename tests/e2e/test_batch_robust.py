@@ -249,6 +249,45 @@ def test_a_stopped_batch_keeps_what_it_graded_and_leaves_nothing_behind(tmp_path
     assert not journal.exists()
 
 
+@pytest.mark.needs_bwrap
+def test_the_next_batch_removes_what_a_killed_one_left(tmp_path):
+    """SIGKILL to a batch's process group (a cluster job out of memory or time: nothing in it
+    can clean up) left its spool, its zygotes', sandboxes' and staged runtime's folders in /tmp
+    for good. Now the next batch on the machine removes them (`scratch.sweep_abandoned`), and
+    the journal still resumes the class."""
+    klass = _class(tmp_path, {"ann": "solution", "ben": [SLEEPER]})
+    csv, journal = tmp_path / "grades.csv", tmp_path / "grades.csv.journal"
+    tmp = Path(tempfile.mkdtemp(prefix="killed-batch-"))  # (under /tmp: the sandbox's nobody reads it)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    cmd = [sys.executable, "-m", "autograder", "batch", str(klass), "--jobs", "2", "--no-progress",
+           "--device", "cpu", "--csv", str(csv)]
+    try:
+        tmp.chmod(0o755)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not (journal.is_file() and len(journal.read_text().splitlines()) >= 2) and \
+                proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, "ann was graded while ben's cell sleeps"
+        processes = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        end = time.monotonic() + 30
+        while _running(processes) and time.monotonic() < end:
+            time.sleep(0.2)
+        left = sorted(os.listdir(tmp))
+        assert any(n.startswith("autograder-batch-") for n in left), left
+        assert any(n.startswith(("autograder-sandbox-", "autograder-zygote-")) for n in left), left
+        _student(klass / "ben", "05_masks", solution=True)
+        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert again.returncode == 0, again.stderr
+        assert "resuming an interrupted run: 1 student already graded" in again.stdout, again.stdout
+        assert sorted(os.listdir(tmp)) == [], "what the killed batch left is still there"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 CELLS = {"sleeping": SLEEPER,  # (and one whose process ends, leaving a process of its own with the pipes)
          "orphan": "import os, time\nif os.fork() == 0:\n    time.sleep(200)\n    os._exit(0)\nos._exit(3)\n"}
 
