@@ -16,7 +16,7 @@ from ..report.text import plural
 from ..grading.results import SubmissionResult
 from ..report.untrusted_text import capped, printable
 from .workers import grade_student, run_all, student_flags
-from .grades_csv import write_csv
+from .grades_csv import read_run, run_path, write_csv, write_run
 
 
 def student_folders(class_dir: Path) -> list[Path]:
@@ -87,10 +87,12 @@ def _plans(grader: Grader, folders, chapters) -> dict[str, tuple[SubmissionResul
     return plans
 
 
-def _write_outputs(results: dict, csv_path, class_dir: Path, only, out_dir) -> None:
-    """The CSV (keeping the rows of students this run did not grade) and the class report."""
+def _write_outputs(results: dict, csv_path, class_dir: Path, only, out_dir, run: dict) -> None:
+    """The CSV (keeping the rows of students this run did not grade), how they were graded
+    beside it (`grades_csv.write_run`) and the class report."""
     if csv_path:
         kept = write_csv(results, csv_path, class_dir, keep_others=not only, only=bool(only))
+        write_run(csv_path, run)
         if kept:
             print(f"kept the rows of {plural(len(kept), 'student')} this run did not grade: "
                   f"{', '.join(printable(k) for k in kept[:10])}{' ...' if len(kept) > 10 else ''}")
@@ -173,6 +175,10 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
                          f"in {out_dir} {'was' if len(differ) == 1 else 'were'} graded with another seed or "
                          "other devices: grade with the class's --seed and --device, or grade the whole "
                          "class again")
+    if only and csv_path and read_run(csv_path) not in (None, run):
+        raise ValueError(f"{printable(str(csv_path))} was graded with another seed or other devices (its "
+                         f"{run_path(csv_path).name} says so): grade with the class's --seed and --device, "
+                         "or grade the whole class again")
     plans = _plans(grader, folders, chapters)
     if not any(nb is not None for _, todo in plans.values() for _, nb in todo):
         return {name: Grader.assemble(r, [], 0.0) for name, (r, _) in sorted(plans.items())}  # writes nothing
@@ -204,7 +210,7 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
         _grade_students(grader, work, jobs, chapters, done, in_process)
     finally:  # (stopped: the bar's last line before what the command says)
         bar.close()
-    _write_outputs(results, csv_path, class_dir, only, out_dir)
+    _write_outputs(results, csv_path, class_dir, only, out_dir, run)
     journal.finish()
     resumed = f" ({len(earlier)} more from the interrupted run)" if earlier else ""
     print(f"graded {plural(len(results) - len(earlier), 'submission')}{resumed} in "

@@ -47,6 +47,35 @@ def write_csv(results: dict[str, SubmissionResult], path, class_dir=None, keep_o
     return [row[0] for row in others]
 
 
+RUN_SUFFIX = ".run"  # beside a CSV: how its students were graded (`class_report.run_of`)
+
+
+def run_path(csv_path) -> Path:
+    return Path(str(csv_path) + RUN_SUFFIX)
+
+
+def write_run(csv_path, run: dict) -> None:
+    """Record beside the CSV how its students were graded (the seed's digest, the devices),
+    for `batch --only` and `merge` to compare: without `--out` nothing else says it."""
+    import json
+
+    from ..report import atomic
+
+    atomic.write_text(run_path(csv_path), json.dumps(run) + "\n")
+
+
+def read_run(csv_path) -> dict | None:
+    """What `write_run` recorded beside the CSV (None: nothing, or not readable: a CSV of an
+    older grader, or of no grader)."""
+    import json
+
+    try:
+        run = json.loads(run_path(csv_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return run if isinstance(run, dict) else None
+
+
 def update_csv(results: dict[str, SubmissionResult], path, class_dir=None) -> None:
     """Replace these students' rows (by the ID column) in an existing gradebook CSV, or add
     them, keeping every other row: regrading a few students (`batch --only`). ValueError if the
@@ -58,8 +87,13 @@ def merge_csvs(paths: list, out) -> int:
     """Join the CSVs of a class graded in shards (`batch --shard K/N`) into one, as one batch
     would have written it: the same header (the shards must grade the same chapters), every
     student's row once, sorted by student. Returns the number of students; ValueError if the
-    headers differ or a student appears twice."""
+    headers differ, a student appears twice, or two shards were graded with another seed or
+    other devices (`read_run`; a shard without the record is taken as it is)."""
     header, rows = None, {}
+    runs = {str(path): run for path in paths if (run := read_run(path)) is not None}
+    if len({repr(sorted(run.items())) for run in runs.values()}) > 1:
+        raise ValueError(f"{', '.join(runs)} were graded with another seed or other devices (their "
+                         f"{RUN_SUFFIX} files differ): grade every shard with the class's --seed and --device")
     for path in paths:
         with open(path, newline="") as f:
             lines = list(csv.reader(f))
@@ -84,6 +118,8 @@ def merge_csvs(paths: list, out) -> int:
     for name in sorted(rows):
         w.writerow(rows[name])
     atomic.write_text(out, text.getvalue())
+    if runs and len(runs) == len(paths):
+        write_run(out, next(iter(runs.values())))
     return len(rows)
 
 

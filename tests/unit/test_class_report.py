@@ -183,6 +183,49 @@ def test_regrading_one_student_with_another_seed_is_refused(graded, tmp_path):
     assert not (tmp_path / "grades.csv").exists()
 
 
+def test_regrading_one_student_of_a_csv_alone_with_another_seed_is_refused(graded, tmp_path):
+    """The same without `--out`: nothing but the CSV recorded the class's run, so a regrade with
+    another seed went through. Now `grades.csv.run` beside it says how it was graded."""
+    from autograder.batch.grades_csv import read_run, run_path
+
+    csv_path = tmp_path / "grades.csv"
+    shutil.copy(graded / "grades.csv", csv_path)
+    shutil.copy(run_path(graded / "grades.csv"), run_path(csv_path))
+    grader = Grader(device="cpu")
+    assert read_run(csv_path) == class_report.run_of(grader.seed, grader.devices)
+    before = csv_path.read_text()
+    with pytest.raises(ValueError, match=r"grades.csv was graded with another seed or other devices \(its grades.csv.run"):
+        grade_class(graded / "class", Grader(device="cpu", seed=grader.seed + 1), only=["mia"],
+                    csv_path=csv_path, chapters=[CH1], progress=False)
+    assert csv_path.read_text() == before
+    grade_class(graded / "class", grader, only=["mia"], csv_path=csv_path, chapters=[CH1], progress=False)
+    assert read_run(csv_path) == class_report.run_of(grader.seed, grader.devices)
+
+
+def test_shards_graded_with_another_seed_are_not_merged(graded, tmp_path):
+    from autograder.batch.grades_csv import merge_csvs, read_run, run_path, write_run
+
+    grader = Grader(device="cpu")
+    with open(graded / "grades.csv", newline="") as f:
+        lines = list(csv.reader(f))
+    shards = []
+    for i, rows in enumerate((lines[2:4], lines[4:])):
+        shard = tmp_path / f"grades-{i}.csv"
+        with open(shard, "w", newline="") as f:
+            csv.writer(f).writerows(lines[:2] + rows)
+        write_run(shard, class_report.run_of(grader.seed + i, grader.devices))
+        shards.append(shard)
+    with pytest.raises(ValueError, match="were graded with another seed or other devices"):
+        merge_csvs(shards, tmp_path / "grades.csv")
+    assert not (tmp_path / "grades.csv").exists()
+    write_run(shards[1], read_run(shards[0]))
+    assert merge_csvs(shards, tmp_path / "grades.csv") == len(lines) - 2
+    assert read_run(tmp_path / "grades.csv") == read_run(shards[0])
+    run_path(shards[1]).unlink()  # (a shard of an older grader: taken as it is, and nothing said of the whole)
+    assert merge_csvs(shards, tmp_path / "merged.csv") == len(lines) - 2
+    assert read_run(tmp_path / "merged.csv") is None
+
+
 def test_a_regrade_stopped_between_a_students_files_leaves_no_older_grade_beside_them(graded, tmp_path, monkeypatch):
     """A run stopped after a student's feedback was written and before their grading.json: the
     class report and `export` read grading.json, so the earlier run's stayed beside the new
