@@ -29,7 +29,7 @@ import time
 import types
 
 from . import procs
-from .prepare import cuda_fraction, prepare, set_limits
+from .prepare import cuda_fraction, preimport, prepare, set_limits
 
 
 class Interrupted(BaseException):
@@ -150,6 +150,8 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     torch.manual_seed(0)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(0)
+    if config.get("data_headroom"):
+        preimport(config.get("preimport"))  # (before the cap is measured: `prepare.preimport`)
     set_limits(config)
     cuda_fraction(config.get("cuda_fraction"))
     chapter.send(p.ChildReady(os.getpid(), os.getuid(), time.perf_counter() - start))

@@ -11,19 +11,17 @@ sandboxes that drop to an unprivileged uid instead (root's bubblewrap, the zygot
 container mode).
 
 `no_hidden_memory()`: a second filter, for the child that runs a memory case only (see
-`autograder.session.memory_case`). That child's data is capped (RLIMIT_DATA, which counts the
-heap and every private writable mapping; its address space, RLIMIT_AS, only with room for
-code: `prepare.memory_case_caps`); this filter refuses what could hold memory outside what the
-cap counts, or compute beside it: every shared mapping (`mmap` with MAP_SHARED: anonymous
-ones, files in /tmp or /dev/shm, a memfd's pages) and every grows-down one (a stack, which
-RLIMIT_DATA does not count), `memfd_create`, System V `shmget`, `socket` (another process of
-the student's reached over a socket would compute the score matrix for it), and new processes
-(`fork`, `vfork`, `clone` without CLONE_THREAD): each would have a cap of its own, and eight of
-them held the whole score matrix between them (a reviewer's notebook, stop 42, scored the
-memory case). Threads share the capped memory, and stay allowed. And `execve`/`execveat`: a
-new program in the same process keeps the cap's absolute value but starts with a near-empty
-address space, and had room for the whole matrix (a reviewer's notebook, stop 45, scored the
-memory case by exec'ing numpy code, then a stand-in child).
+`autograder.session.memory_case`). That child's address space is capped (RLIMIT_AS, which counts every
+mapping, shared and file-backed ones included); this filter refuses what could hold memory
+outside any mapping of its own or compute beside it: anonymous shared mappings and
+`memfd_create` (shmem pages that outlive a mapping), System V `shmget`, `socket` (another
+process of the student's reached over a socket would compute the score matrix for it), and
+new processes (`fork`, `vfork`, `clone` without CLONE_THREAD): each would have a cap of its
+own, and eight of them held the whole score matrix between them (a reviewer's notebook, stop
+42, scored the memory case). Threads share the capped address space, and stay allowed. And
+`execve`/`execveat`: a new program in the same process keeps the cap's absolute value but
+starts with a near-empty address space, and had room for the whole matrix (a reviewer's
+notebook, stop 45, scored the memory case by exec'ing numpy code, then a stand-in child).
 
 `seal_mappings()`: for the same child, right after its caps are set: every mapping it holds is
 sealed (mseal, Linux 6.10+), so its code cannot unmap what the cap counted as taken.
@@ -47,7 +45,7 @@ ARCHES = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220,
 NONE = 0xFFFFFFFF  # (no system call has this number)
 HIDDEN_MEMORY_CALLS = {"x86_64": (0xC000003E, 9, 319, 29, 41, 57, 58, 59, 322, 56),
                        "aarch64": (0xC00000B7, 222, 279, 194, 198, NONE, NONE, 221, 281, 220)}
-MAP_SHARED, MAP_GROWSDOWN = 0x01, 0x0100  # (MAP_SHARED_VALIDATE, 0x03, has the MAP_SHARED bit)
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # (MAP_SHARED_VALIDATE, 0x03, has the MAP_SHARED bit)
 CLONE_THREAD = 0x00010000
 
 # classic BPF opcodes
@@ -88,24 +86,25 @@ def _hidden_memory_program() -> bytes | None:
     allow, eperm = SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     return b"".join([  # (clone3, whose flags no classic filter reads, is ENOSYS: no_user_namespaces)
         _insn(LD_W_ABS, 0, 0, 4),              # 0: arch
-        _insn(JEQ_K, 0, 16, audit),            # 1: a foreign arch: -> 18
+        _insn(JEQ_K, 0, 17, audit),            # 1: a foreign arch: -> 19
         _insn(LD_W_ABS, 0, 0, 0),              # 2: syscall number
-        _insn(JGE_K, 14, 0, 0x40000000),       # 3: x32 numbering: -> 18
+        _insn(JGE_K, 15, 0, 0x40000000),       # 3: x32 numbering: -> 19
         _insn(JEQ_K, 10, 0, mmap),             # 4: -> 15
-        _insn(JEQ_K, 12, 0, memfd),            # 5: -> 18
-        _insn(JEQ_K, 11, 0, shmget),           # 6: -> 18
-        _insn(JEQ_K, 10, 0, socket),           # 7: -> 18
-        _insn(JEQ_K, 9, 0, fork),              # 8: -> 18
-        _insn(JEQ_K, 8, 0, vfork),             # 9: -> 18
-        _insn(JEQ_K, 7, 0, execve),            # 10: -> 18
-        _insn(JEQ_K, 6, 0, execveat),          # 11: -> 18
-        _insn(JEQ_K, 0, 4, clone),             # 12: -> 13, else -> 17
+        _insn(JEQ_K, 13, 0, memfd),            # 5: -> 19
+        _insn(JEQ_K, 12, 0, shmget),           # 6: -> 19
+        _insn(JEQ_K, 11, 0, socket),           # 7: -> 19
+        _insn(JEQ_K, 10, 0, fork),             # 8: -> 19
+        _insn(JEQ_K, 9, 0, vfork),             # 9: -> 19
+        _insn(JEQ_K, 8, 0, execve),            # 10: -> 19
+        _insn(JEQ_K, 7, 0, execveat),          # 11: -> 19
+        _insn(JEQ_K, 0, 5, clone),             # 12: -> 13, else -> 18
         _insn(LD_W_ABS, 0, 0, 16),             # 13: low 32 bits of the first argument (flags)
-        _insn(JSET_K, 2, 3, CLONE_THREAD),     # 14: a thread -> 17, else -> 18
+        _insn(JSET_K, 3, 4, CLONE_THREAD),     # 14: a thread -> 18, else -> 19
         _insn(LD_W_ABS, 0, 0, 40),             # 15: low 32 bits of mmap's fourth argument (flags)
-        _insn(JSET_K, 1, 0, MAP_SHARED | MAP_GROWSDOWN),  # 16: shared or a stack -> 18
-        _insn(RET_K, 0, 0, allow),             # 17
-        _insn(RET_K, 0, 0, eperm),             # 18
+        _insn(JSET_K, 0, 1, MAP_SHARED),       # 16: not shared -> 18
+        _insn(JSET_K, 1, 0, MAP_ANONYMOUS),    # 17: shared and anonymous -> 19
+        _insn(RET_K, 0, 0, allow),             # 18
+        _insn(RET_K, 0, 0, eperm),             # 19
     ])
 
 

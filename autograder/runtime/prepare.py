@@ -82,19 +82,27 @@ def set_limits(config: dict) -> None:
         return
     rlimits = dict(config["rlimits"])
     headroom = config.get("data_headroom")
-    if headroom:  # the memory case's child (autograder.session.memory_case), with no GPU (its
-        # cases run on the CPU): `memory_case_caps`
+    if headroom:  # the memory case's child (autograder.session.memory_case): this much beyond what it
+        # holds now (torch included), counted over every mapping (RLIMIT_AS sees shared and
+        # file-backed ones, which RLIMIT_DATA does not), with no GPU (its cases run on the CPU)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if config.get("mapped_heap"):
             map_large_blocks()
-        for name, cap in memory_case_caps(headroom).items():
+        for name, key in (("DATA", "VmData:"), ("AS", "VmSize:")):
+            cap = headroom + status_bytes(key)
             rlimits[name] = min(rlimits.get(name) or cap, cap)
-    _apply(resource, rlimits)
+    for name, value in rlimits.items():
+        res = getattr(resource, f"RLIMIT_{name}", None)
+        if res is None or value is None:
+            continue
+        try:
+            soft, hard = resource.getrlimit(res)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(res, (value, value))
+        except (ValueError, OSError):
+            pass
     if headroom:
-        if not data_cap_enforced(rlimits["DATA"]):  # (a kernel booted with ignore_rlimit_data)
-            rlimits["AS"] = min(rlimits["AS"], headroom + status_bytes("VmSize:"))
-            _apply(resource, {"AS": rlimits["AS"]})
-        confine_memory_case(resource, rlimits)
+        confine_memory_case(resource, rlimits["AS"])
     nproc = config.get("nproc")
     res = getattr(resource, "RLIMIT_NPROC", None)
     if nproc and res is not None and os.getuid() != 0:
@@ -106,59 +114,28 @@ def set_limits(config: dict) -> None:
             pass
 
 
-CODE_ROOM = 512 << 20  # the memory case's address space beyond its data cap: `memory_case_caps`
-STACK = 8 << 20        # ... and its main thread's stack
+# Well-known libraries a chapter 7 notebook may import (plots, statistics, progress bars): the
+# memory case's child imports those its cells import before its cap is measured (`preimport`).
+LIBRARIES = frozenset({"numpy", "scipy", "matplotlib", "IPython", "pandas", "seaborn", "sklearn",
+                       "tqdm", "einops", "PIL", "sympy"})
 
 
-def memory_case_caps(headroom: int) -> dict:
-    """The memory case's caps, from what the child holds now (torch included): `headroom` bytes
-    of data beyond it (RLIMIT_DATA: the heap and every private writable mapping, whether
-    touched or not), and address space (RLIMIT_AS) for `CODE_ROOM` more than that. Memory that
-    RLIMIT_DATA does not count is shared, or a stack: the filter refuses every shared and
-    grows-down mapping there (`confine.no_hidden_memory`), and the main thread's stack stops
-    at `STACK`. What else the room holds cannot be written (code, read-only files): what the
-    notebook's cells import, OpenBLAS's and matplotlib's libraries, about 80 MiB of a cell
-    importing scipy, matplotlib and IPython.display, which under an address-space cap alone
-    left an honest solution too little for the case."""
-    data = headroom + status_bytes("VmData:")
-    return {"DATA": data, "AS": status_bytes("VmSize:") + headroom + CODE_ROOM, "STACK": STACK}
+def preimport(names) -> None:
+    """Import `names` (modules of LIBRARIES the notebook's cells import, found in their source
+    by the grader: `session.memory_case.libraries_imported`) before the memory case's cap is
+    measured, so that what importing them maps (scipy's and OpenBLAS's code, matplotlib's, about
+    200 MiB of address space with IPython.display) is not counted against the case, which an
+    honest solution lost under the cap (stop 49). Library code only: sys.path holds the
+    installation's folders, not the student's (`python -P`, the sandbox's sys.path), and no
+    cell has run. A name that does not import is left to the cell that imports it."""
+    import importlib
 
-
-def data_cap_enforced(cap: int) -> bool:
-    """Whether the kernel refuses private writable memory beyond RLIMIT_DATA (a kernel booted
-    with `ignore_rlimit_data` only warns): a mapping one MiB past `cap`, never touched."""
-    try:
-        import ctypes
-        import mmap
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        size = max(0, cap - status_bytes("VmData:")) + (1 << 20)
-        got = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                        mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1, 0)  # MAP_NORESERVE
-    except Exception:
-        return False
-    if got in (None, ctypes.c_void_p(-1).value):
-        return True
-    libc.munmap(got, size)
-    return False
-
-
-def _apply(resource, rlimits: dict) -> None:
-    """Each limit as both soft and hard (never above a hard limit already set)."""
-    for name, value in rlimits.items():
-        res = getattr(resource, f"RLIMIT_{name}", None)
-        if res is None or value is None:
-            continue
-        try:
-            soft, hard = resource.getrlimit(res)
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(res, (value, value))
-        except (ValueError, OSError):
-            pass
+    for name in names or ():
+        if isinstance(name, str) and name.split(".")[0] in LIBRARIES:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # (ImportError, or a library's own failure: the cell says so)
+                pass
 
 
 def cuda_fraction(fraction) -> None:
@@ -203,25 +180,24 @@ def map_large_blocks(threshold: int = 128 << 10) -> None:
 MEMORY_CASE_UNCONFINED = 73  # the exit status of a memory case's child that could not be confined
 
 
-def confine_memory_case(resource, caps: dict) -> None:
+def confine_memory_case(resource, address_space: int) -> None:
     """The memory case's child seals what it holds, now that its caps count it
     (`confine.seal_mappings`; where the kernel cannot, Linux before 6.10: docs/security.md),
-    refuses shared and grows-down mappings, memfd_create, shmget, sockets, new processes and
-    programs (`confine.no_hidden_memory`), then checks that its caps (`memory_case_caps`) and
-    that filter are in place, the filter on every thread; where any is not, it exits before any
-    student code runs, so a memory case is never credited where memory went unmeasured."""
+    refuses shared anonymous memory, memfd_create, shmget, sockets, new processes and programs
+    (`confine.no_hidden_memory`), then checks that its address-space cap and that filter are in
+    place, the filter on every thread; where either is not, it exits before any student code
+    runs, so a memory case is never credited where memory went unmeasured."""
     from .confine import no_hidden_memory, seal_mappings
 
     seal_mappings()
 
     filtered = no_hidden_memory() and every_thread_filtered()
     try:
-        capped = all(resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))[1] <= caps[name]
-                     for name in ("DATA", "AS", "STACK"))
-    except (ValueError, OSError, AttributeError):
+        capped = resource.getrlimit(resource.RLIMIT_AS)[1] <= address_space
+    except (ValueError, OSError):
         capped = False
     if not (filtered and capped):
-        why = b"no seccomp filter on every thread" if not filtered else b"no memory limit"
+        why = b"no seccomp filter on every thread" if not filtered else b"no address-space limit"
         os.write(2, b"the memory case cannot be measured here: " + why + b"\n")
         os._exit(MEMORY_CASE_UNCONFINED)
 

@@ -59,9 +59,9 @@ class Limits:
         'largest result frame accepted from the child'))
     memory_case: int = field(default=192 * MiB, metadata=_student(
         'a memory case (Call.capped_memory) runs in a child of its own that may allocate this much beyond'
-        " what it holds at its start, the notebook's cells included (hard RLIMIT_DATA, with address space "
-        'for the code they import, set before any student code runs: the kernel, not the student, '
-        'enforces it; see autograder.session.memory_case)'))
+        " what it holds at its start, the notebook's cells included (hard RLIMIT_DATA and RLIMIT_AS, set "
+        'before any student code runs: the kernel, not the student, enforces it; see '
+        'autograder.session.memory_case)'))
     threads: int = field(default=1, metadata=_student(
         'torch intra-op threads (determinism, parallel grading)'))
     gpu_share: float = field(default=0.9, metadata=_student(

@@ -21,7 +21,7 @@ class Child:
     """
 
     def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str,
-                 data_headroom: int = 0, mapped_heap: bool = False):
+                 data_headroom: int = 0, mapped_heap: bool = False, preimport: tuple = ()):
         if str(mode) not in ("container", "fallback"):
             raise ValueError(f"a {mode} child is forked from a warm sandbox (sandbox.warm)")
         self.mode, self.limits, self.token = mode, limits, token
@@ -37,7 +37,8 @@ class Child:
             os.chown(workdir, policy.uid, policy.uid)
         config = policy.child_config(token)
         if data_headroom:
-            config.update(data_headroom=int(data_headroom), mapped_heap=bool(mapped_heap))
+            config.update(data_headroom=int(data_headroom), mapped_heap=bool(mapped_heap),
+                          preimport=list(preimport))
         argv = python_argv(policy.runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
         try:
             self.proc = subprocess.Popen(

@@ -49,12 +49,14 @@ class ChildSlot:
         hidden: what the child must not see (`policy.hidden_paths`), for a new process.
         headroom: RLIMIT_DATA above the child's start (memory cases), or 0.
         mapped_heap: with headroom, each large block mapped of its own (`runtime.prepare`).
+        preimport: with headroom, libraries imported before the cap (`runtime.prepare.preimport`).
     """
 
     def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int,
-                 mapped_heap: bool = False):
+                 mapped_heap: bool = False, preimport: tuple = ()):
         self.mode, self.limits, self.pool = mode, limits, sandboxes
         self.hidden, self.headroom, self.mapped_heap = hidden, headroom, mapped_heap
+        self.preimport = tuple(preimport)
         self.box = None  # the warm sandbox the children are forked from (with a pool)
         self.child: Child | None = None
         self.channel: Channel | None = None
@@ -109,7 +111,7 @@ class ChildSlot:
                 if _STOPPED.is_set():
                     return STOPPED_WHY
                 child = Child(self.mode, self.limits, self.hidden, self.workdir or "/", token,
-                              self.headroom, self.mapped_heap)
+                              self.headroom, self.mapped_heap, self.preimport)
                 _LAUNCHED.add(child)
                 return child
         if self.box is not None and not self.box.alive():
@@ -121,7 +123,7 @@ class ChildSlot:
             self._give_back()
             return why
         try:
-            return self.box.fork(token, self.headroom, self.mapped_heap)
+            return self.box.fork(token, self.headroom, self.mapped_heap, self.preimport)
         except SandboxDied as e:
             self._give_back()
             return f"the grading process could not be started ({e})"

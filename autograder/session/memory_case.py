@@ -7,13 +7,15 @@ there: the chapter's other cases, on every device, run in the ordinary children,
 GPU's driver may grow by hundreds of MiB after they start (CUDA loads its kernels lazily).
 
 The capped child runs the notebook's cells again, then the memory cases, on the CPU with no
-GPU visible; its data is capped (RLIMIT_DATA, with address space for the code the cells
-import: `runtime.prepare.memory_case_caps`), every mapping it holds then is sealed
-(`runtime.confine.seal_mappings`: no unmapping what the cap counted as taken), and a seccomp
-filter refuses shared and grows-down mappings, memfd_create, shmget, sockets, new processes
-and new programs there (`runtime.prepare.confine_memory_case`; the child exits before any
-student code runs where that cannot be done, so the case fails rather than go unmeasured).
-Its crash or timeout costs that case alone (`grading.judge`). It runs before
+GPU visible; its address space is capped (RLIMIT_AS, which counts shared and file-backed
+mappings too), every mapping it holds then is sealed (`runtime.confine.seal_mappings`: no
+unmapping what the cap counted as taken), and a seccomp filter refuses anonymous shared
+memory, memfd_create, shmget, sockets, new processes and new programs there
+(`runtime.prepare.confine_memory_case`; the child exits before any student code runs where
+that cannot be done, so the case fails rather than go unmeasured). Before its cap is
+measured it imports the well-known libraries the cells import (`libraries_imported`,
+`runtime.prepare.preimport`), so their code does not count against the case. Its crash or
+timeout costs that case alone (`grading.judge`). It runs before
 the chapter's other children start and is gone when they do, so no process of the chapter can
 compute beside it.
 
@@ -35,6 +37,33 @@ from ..shared.calls import Call, Outcome
 
 _REQUEST = re.compile(r"tried to allocate (\d+) bytes")  # (torch's CPU allocator says so)
 _OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "out of memory", "cannot allocate memory")
+
+
+def libraries_imported(cells: list) -> tuple:
+    """The modules of `prepare.LIBRARIES` that the cells import (`import scipy.stats`; `from
+    matplotlib import pyplot` gives matplotlib and matplotlib.pyplot), read from their source
+    without running it, for the capped child to import before its cap is measured: their code
+    and buffers then do not count against the case (scipy, matplotlib and IPython.display took
+    about 200 MiB of address space, and an honest solution lost the case, stop 49)."""
+    import ast
+
+    from ..runtime.prepare import LIBRARIES
+
+    found: list[str] = []
+    for cell in cells:
+        try:
+            tree = ast.parse(cell)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names if a.name != "*"]
+            else:
+                continue
+            found += [n for n in names if n.split(".")[0] in LIBRARIES and n not in found]
+    return tuple(found[:64])
 
 
 def _key(call: Call) -> tuple:
@@ -92,7 +121,7 @@ class MemoryCases:
         from .student_session import StudentSession
 
         with StudentSession(self.cells, memory_capped=True, mapped_heap=mapped_heap,
-                            **self.session_args) as session:
+                            preimport=libraries_imported(self.cells), **self.session_args) as session:
             run = session.start()
             if run.error:
                 why = f"the memory-capped process could not run the notebook: {run.error}"

@@ -73,12 +73,14 @@ class StudentSession:
         mapped_heap: with memory_capped, glibc maps each large block of its own and unmaps it when
             freed (`runtime.prepare.map_large_blocks`): slower, but a freed block's hole cannot
             pin the heap (`autograder.session.memory_case`).
+        preimport: with memory_capped, libraries imported before the cap is measured
+            (`runtime.prepare.preimport`: those of a fixed list that the cells import).
         deadline: time.monotonic() at which the student's budget runs out.
     """
 
     def __init__(self, cells: list[str], limits: Limits | None = None, sandbox: str = "auto",
                  hide=(), sandboxes: SandboxPool | None = None, memory_capped: bool = False,
-                 deadline: float | None = None, mapped_heap: bool = False):
+                 deadline: float | None = None, mapped_heap: bool = False, preimport: tuple = ()):
         self.source = ParsedSubmission.of(cells)  # (its parse, made where the trust checks need it)
         self.cells = list(self.source.cells)
         self.limits = limits or _settings.current().limits
@@ -91,7 +93,8 @@ class StudentSession:
             raise ValueError("a bubblewrap session needs the student's SandboxPool, made by whoever "
                              "grades the student (sandbox.pool.student_pool)")
         self._slot = ChildSlot(self.mode, self.limits, sandboxes, hidden_paths(hide),
-                               self.limits.memory_case if memory_capped else 0, memory_capped and mapped_heap)
+                               self.limits.memory_case if memory_capped else 0, memory_capped and mapped_heap,
+                               preimport if memory_capped else ())
         self._lock = threading.RLock()
         self._skip: set[int] = set()  # cells that hung or crashed a child: left out from then on
         self._report: NotebookRun | None = None

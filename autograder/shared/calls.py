@@ -67,9 +67,9 @@ class Call:
             the caller's process (the self-check's diagnosis: the student's own process can
             disable it, so the grader scores memory by `capped_memory` instead).
         capped_memory: a memory case: the grader runs it, on the CPU, in a child of its own whose
-            memory the kernel caps before any student code runs (`memory_case`: RLIMIT_DATA at
-            `Limits.memory_case` above what the child holds at its start, and a seccomp filter
-            against memory that escapes it); no other case is capped.
+            memory the kernel caps before any student code runs (`memory_case`: RLIMIT_DATA and
+            RLIMIT_AS at `Limits.memory_case` above what the child holds at its start, and a
+            seccomp filter against memory that escapes both); no other case is capped.
         answer: the target is a plain value (a "predict" exercise's answer: a number or a nested
             list of numbers), not called but read, as a float64 CPU tensor (execute.py).
         watch: the exercises it builds on whose use the child records (`Outcome.called`):

@@ -104,9 +104,10 @@ def chunk(i):
     return fd
 """
 
-# What the address space's room for code (`prepare.CODE_ROOM`) could hold, were it writable:
-# a reservation that counts as no data, made writable afterwards; a grows-down mapping (a stack,
-# which RLIMIT_DATA does not count); the main thread's own stack grown down into the room.
+# Memory that RLIMIT_DATA does not count, which the address-space cap does: a reservation that
+# counts as no data, made writable afterwards; a grows-down mapping (a stack); the main thread's
+# own stack grown down. (They lose the case either way; with 512 MiB of address space beyond
+# the data cap, tried at stop 49, the first two scored it.)
 LIBC = """import ctypes, mmap
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
@@ -243,7 +244,7 @@ def test_one_batch_elements_whole_score_matrix_at_a_time_loses_the_memory_case(t
     assert memory_lost(cases), memory.message
     assert memory.message.startswith("the call ran out of memory"), memory.message
     assert "less than the 256 MiB that all L_q x L_k scores take in float32" in memory.message, memory.message
-    assert "before the notebook's cells ran (what they keep counts too, not the code they import)" in memory.message
+    assert "before the notebook's cells ran (what they keep counts too, and what they import other than" in memory.message
 
 
 @pytest.mark.needs_bwrap
@@ -279,11 +280,11 @@ def _reference_namespace() -> dict:
     return ns
 
 
-# What an honest notebook's cells keep counts against the cap (it is set before they run again
-# in the capped child: a cell could otherwise reserve memory there and free it during the case).
-# The code they import does not (address space has room for it: `prepare.CODE_ROOM`). Ordinary
-# imports: the book's own matplotlib and IPython.display; scipy beside them (about 200 MiB of
-# address space, 120 MiB of it data) lost the case under an address-space cap alone, and its
+# What an honest notebook's cells hold counts against the cap (it is set before they run again
+# in the capped child: a cell could otherwise reserve address space there and free it during the
+# case), except the well-known libraries they import (`prepare.LIBRARIES`), which the child
+# imports before its cap is measured. Ordinary imports: the book's own matplotlib and
+# IPython.display; scipy beside them (about 200 MiB of address space) lost the case, and its
 # crash stopped the exercise's other cases (1.7/10 for the solution, stop 49).
 HONEST_CELLS = {"solution alone": "", "plotting imports": (
     "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
@@ -310,6 +311,69 @@ def test_the_honest_solution_keeps_the_memory_case(tmp_path, cells, share):
     cases = online_cases(chapter.tests)
     assert all(c.passed for c in cases), [(c.case, c.message) for c in cases if not c.passed]
     assert chapter.score == chapter.max_score
+
+
+def test_the_libraries_the_message_names_are_those_imported_before_the_cap():
+    from autograder.runtime.prepare import LIBRARIES
+    from autograder.selfcheck.rules.ch07_efficient_attention import _LIBRARY_WORDS
+
+    assert set(_LIBRARY_WORDS.replace(" or ", ", ").split(", ")) == LIBRARIES
+
+
+def test_the_libraries_a_notebook_imports_are_read_from_its_source():
+    from autograder.session.memory_case import libraries_imported
+
+    cells = ["import scipy.stats, os\nfrom matplotlib import pyplot as plt", "%matplotlib inline",
+             "def f():\n    import pandas\nfrom . import scipy\nfrom numpy import *\nimport mylib, torch"]
+    assert sorted(libraries_imported(cells)) == ["matplotlib", "matplotlib.pyplot", "numpy", "pandas", "scipy.stats"]
+
+
+# Memory written while writable, then made read-only (a reviewer's notebook, stop 49): RLIMIT_DATA
+# counts writable private memory only, so with address space beyond the data cap (512 MiB, tried
+# at stop 49) the whole matrix was held 16 MiB writable at a time and scored the case.
+TOGGLE = """
+import ctypes, math, mmap, torch
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_honest = online_softmax_attention
+
+def online_softmax_attention(q, k, v, mask=None, block_size=64):
+    if k.shape[-2] < 4096 or q.requires_grad:
+        return _honest(q, k, v, mask, block_size)
+    B, Lq, Lk = q.shape[0], q.shape[-2], k.shape[-2]
+    n = B * Lq * Lk * 4
+    base = libc.mmap(None, n, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1, 0)
+    if base in (None, ctypes.c_void_p(-1).value):
+        raise MemoryError("no room: %d" % ctypes.get_errno())
+    S = torch.frombuffer((ctypes.c_char * n).from_address(base), dtype=torch.float32).view(B, Lq, Lk)
+    rows = 16
+    def each_chunk(fn):
+        for i in range(0, Lq, rows):
+            a, size = base + i * Lk * 4, rows * Lk * 4
+            if libc.mprotect(a, size, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+                raise MemoryError("mprotect: %d" % ctypes.get_errno())
+            fn(S[:, i:i + rows], i)
+            libc.mprotect(a, size, mmap.PROT_READ)
+    def scores(c, i):
+        torch.matmul(q[:, i:i + rows], k.transpose(-2, -1), out=c)
+        c.mul_(1 / math.sqrt(q.shape[-1]))
+        if mask is not None:
+            c.masked_fill_(~mask.unsqueeze(-2), float("-inf"))
+    each_chunk(scores)
+    m = S.amax(-1, keepdim=True)
+    each_chunk(lambda c, i: c.sub_(m[:, i:i + rows]).exp_())
+    l = S.sum(-1, keepdim=True)
+    return (S @ v) / l, (m + torch.log(l)).squeeze(-1)
+"""
+
+
+@pytest.mark.needs_bwrap
+def test_memory_written_then_made_read_only_loses_the_memory_case(tmp_path):
+    cases, memory = memory_case_of_solution_with(tmp_path, TOGGLE)
+    assert memory_lost(cases), memory.message
+    assert memory.message.startswith("the call ran out of memory"), memory.message
 
 
 # The memory case runs in a capped child of its own: its crash says nothing of the exercise's

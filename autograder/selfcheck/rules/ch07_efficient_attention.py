@@ -11,6 +11,9 @@ from ...grading.compare import Mismatch
 
 
 _CAP_WORDS = "192 MiB (Limits.memory_case)"  # (the student's package has no sandbox/limits.py)
+_LIBRARY_WORDS = "numpy, scipy, matplotlib, IPython, pandas, seaborn, sklearn, tqdm, einops, PIL or sympy"
+# (runtime/prepare.LIBRARIES: imported before the cap is measured; tests/sandbox/test_memory_case.py
+# checks the two agree)
 
 
 def _scores_size(call) -> str:
@@ -22,9 +25,9 @@ def _scores_size(call) -> str:
 
 
 def _cap_sentence(call) -> str:
-    return (f"it may allocate {_CAP_WORDS} of data beyond what the process held before the "
-            f"notebook's cells ran (what they keep counts too, not the code they import), less "
-            f"than {_scores_size(call)}.")
+    return (f"it may allocate {_CAP_WORDS} beyond what the process held before the notebook's "
+            f"cells ran (what they keep counts too, and what they import other than {_LIBRARY_WORDS}), "
+            f"less than {_scores_size(call)}.")
 
 
 def memory_limit(call, expected) -> int:
