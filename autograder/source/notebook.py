@@ -36,11 +36,28 @@ MAX_CODE_CELLS = 1_000  # the solutions have at most 40
 MAX_MAGIC_LINES = 100
 PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
 
-_MAGIC_LINE = re.compile(r"^[ \t]*[%!]|\?[ \t]*$", re.MULTILINE)
-_HELP_LINE = re.compile(r"^[ \t]*[\w.]+\?\??[ \t]*$")
-_TIMING_LINE = re.compile(r"^([ \t]*)%(?:time|timeit|prun)[ \t]+(.*)$", re.MULTILINE)
-_TIMING_OPTION = re.compile(r"^(?:-[nrpso][ \t]*\S+|-[qcitD]\S*)[ \t]+")
-_CELL_MAGIC = re.compile(r"^[ \t]*%%([A-Za-z_][\w-]*)")
+# A line IPython reads as its own: a magic or shell escape (`%timeit f()`, `!ls`), also assigned
+# (`out = !nvidia-smi`, `t = %timeit -o f()`), or help (`obj?`, `?obj`).
+_MAGIC_LINE = re.compile(r"^[ \t]*[%!?]|\?[ \t]*$", re.MULTILINE)
+_ASSIGNED_HINT = re.compile(r"=[ \t]*[%!]")  # (cheap: the full pattern only where this is found)
+_HELP_LINE = re.compile(r"^[ \t]*\?*[\w.]+\?*[ \t]*$")
+_ASSIGNED_MAGIC = re.compile(r"^([ \t]*[\w.]+(?:[ \t]*,[ \t]*[\w.]+)*[ \t]*=)[ \t]*[%!]", re.MULTILINE)
+
+
+def _magic_lines(source: str) -> int:
+    assigned = len(_ASSIGNED_MAGIC.findall(source)) if _ASSIGNED_HINT.search(source) else 0
+    return len(_MAGIC_LINE.findall(source)) + assigned
+
+
+def _has_magic(source: str) -> bool:
+    return bool(_MAGIC_LINE.search(source) or (_ASSIGNED_HINT.search(source) and _ASSIGNED_MAGIC.search(source)))
+_TIMING_LINE = re.compile(r"^([ \t]*)%(time|timeit|prun)[ \t]+(.*)$", re.MULTILINE)
+# Their options, by magic: %timeit's -n N, -r R, -p P take a value, -q, -c, -t and -o (return
+# the result) are flags; %prun's -s KEY, -l LIMIT, -T FILE, -D FILE take one, -r and -q are flags.
+_TIMING_OPTIONS = {"time": None,
+                   "timeit": re.compile(r"^(?:-[nrp][ \t]*\S+|-[qcto]+)[ \t]+"),
+                   "prun": re.compile(r"^(?:-[slTD][ \t]*\S+|-[rq]+)[ \t]+")}
+_CELL_MAGIC = re.compile(r"^(?:[ \t]*\n)*[ \t]*%%([A-Za-z_][\w-]*)")  # (after blank lines, as IPython)
 
 
 class NotebookError(ValueError):
@@ -237,16 +254,18 @@ def to_python(source: str) -> str:
     """
     match = _CELL_MAGIC.match(source)
     if match:
-        first, _, body = source.partition("\n")
+        end = source.find("\n", match.end())
+        body = "" if end < 0 else source[end + 1:]
+        head = "\n" * (source[:match.start(1)].count("\n") + (end >= 0))  # (the lines before the body)
         if match.group(1) in PYTHON_CELL_MAGICS:
-            return "\n" + to_python(body)  # the magic line becomes a blank line
-        return f"# cell magic %%{match.group(1)} skipped by the grader\n" + "\n" * body.count("\n")
-    if not _MAGIC_LINE.search(source):
+            return head + to_python(body)  # the magic line becomes a blank line
+        return f"# cell magic %%{match.group(1)} skipped by the grader" + head + "\n" * body.count("\n")
+    if not _has_magic(source):
         return source
     source = _TIMING_LINE.sub(_timed_statement, source)
-    if not _MAGIC_LINE.search(source):
+    if not _has_magic(source):
         return source
-    if len(_MAGIC_LINE.findall(source)) > MAX_MAGIC_LINES:
+    if _magic_lines(source) > MAX_MAGIC_LINES:
         return _plain_transform(source)
     transformed = _ipython_transform(source)
     return transformed if transformed is not None else _plain_transform(source)
@@ -254,12 +273,13 @@ def to_python(source: str) -> str:
 
 def _timed_statement(m: re.Match) -> str:
     """`%time stmt` / `%timeit -n 10 stmt` -> `stmt`, run once."""
-    statement = m.group(2)
-    while True:
-        shorter = _TIMING_OPTION.sub("", statement, count=1)
+    statement, options = m.group(3), _TIMING_OPTIONS[m.group(2)]
+    while options is not None:
+        shorter = options.sub("", statement, count=1)
         if shorter == statement:
-            return m.group(1) + statement
+            break
         statement = shorter
+    return m.group(1) + statement
 
 
 def notebook_cells(path: str | os.PathLike, root=None) -> list[str]:
@@ -303,11 +323,15 @@ def _input_transformer_module():
 
 
 def _plain_transform(source: str) -> str:
-    """Without IPython: magic and shell lines become `pass` (indentation kept)."""
+    """Without IPython: magic and shell lines become `pass`, assigned ones `name = None`
+    (indentation kept)."""
     lines = []
     for line in source.split("\n"):
         stripped = line.lstrip()
-        if stripped.startswith(("%", "!")) or _HELP_LINE.match(line):
+        assigned = _ASSIGNED_MAGIC.match(line)
+        if assigned:
+            line = assigned.group(1) + " None"
+        elif stripped.startswith(("%", "!", "?")) or _HELP_LINE.match(line):
             line = line[: len(line) - len(stripped)] + "pass"
         lines.append(line)
     return "\n".join(lines)

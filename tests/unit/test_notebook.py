@@ -62,6 +62,46 @@ def test_ipython_syntax_becomes_python_that_keeps_definitions():
     assert "rm" not in to_python("%%bash\nrm -rf /\n")
 
 
+# IPython syntax that a real kernel runs and the grader read as a syntax error, costing the whole
+# cell (an imports cell: every exercise of chapter 2, 1/18), or as a cell magic it skipped (a
+# blank line first): an instructor's probe of honest notebooks, stop 49.
+KERNEL_SYNTAX = {
+    "shell output assigned (Colab's GPU check)": "import math\ngpu_info = !nvidia-smi\ndef f():\n    return math.pi\n",
+    "a magic's result assigned": "def f():\n    return 1\nres = %timeit -o f()\nenv = %env\n",
+    "two names assigned": "def f():\n    return 1\na, b = %who_ls\n",
+    "%timeit -o (a flag)": "def f():\n    return 1\n%timeit -o f()\n%timeit -o -n 10 f()\n%prun -r f()\n",
+    "?obj at the start of a line": "?torch.where\ndef f():\n    return 1\n",
+    "a blank line before %%time": "\n%%time\ndef f():\n    return 1\n",
+    "blank lines before %%capture": "\n\n%%capture\ndef f():\n    return 1\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_SYNTAX))
+def test_ipython_syntax_a_kernel_runs_keeps_the_cells_definitions(name):
+    py = to_python(KERNEL_SYNTAX[name])
+    ns = {"get_ipython": lambda: type("Stub", (), {"__getattr__": lambda self, _: lambda *a, **k: None})(),
+          "torch": None}
+    try:
+        exec(compile(py, "<cell>", "exec"), ns)
+    except TypeError:  # (`a, b = None`: the grader's get_ipython() returns None, after the def ran)
+        assert name == "two names assigned"
+    assert ns["f"]() in (1, 3.141592653589793)
+    assert len(py.splitlines()) >= KERNEL_SYNTAX[name].rstrip("\n").count("\n")  # (line numbers kept)
+
+
+def test_without_ipython_assigned_magics_become_none(monkeypatch):
+    from autograder.source import notebook
+
+    monkeypatch.setattr(notebook, "_ipython_transform", lambda source: None)
+    py = to_python("x = !ls\n  y, z = %who\n?obj\nobj?\nw = 1\n")
+    assert py.splitlines() == ["x = None", "  y, z = None", "pass", "pass", "w = 1"]
+
+
+def test_strings_that_look_like_assigned_magics_are_left_alone():
+    for source in ["s = 'x = %d' % 3\n", "y = 'a =%s'\n", "x != 1\n"]:
+        assert to_python(source) == source
+
+
 def test_many_code_cells_are_cut_at_the_cap():
     """A million empty cells would be a gigabyte of parse in the grader: past MAX_CODE_CELLS
     one cell says why, and the rest are not read."""
