@@ -139,6 +139,8 @@ def serve(req_fd: int, res_fd: int, config: dict, start: float) -> None:
     # here, before its seccomp filter (`prepare.every_thread_filtered` would then stop it), and
     # under load two threads made the case slower than its timeout (stop 40).
     torch.set_num_threads(1 if config.get("data_headroom") else max(1, int(config.get("threads", 1))))
+    if config.get("data_headroom"):
+        _one_thread(torch)
     _stub_selfcheck()
     from ..shared import protocol as p
     from ..shared.wire import FrameReader, WireError
@@ -296,6 +298,17 @@ def _error_of(exc: BaseException) -> dict:
     except BaseException:
         return {"type": _safe_name(exc), "message": "(the exception could not be printed)",
                 "where": ""}
+
+
+def _one_thread(torch) -> None:
+    """The memory case's child keeps one torch thread whatever a cell asks
+    (`torch.set_num_threads(32)`: each thread's stack, 8 MiB of address space, counts against
+    the case's cap, and 32 of them ended the child, stop 49). Threads change the speed only."""
+    real = torch.set_num_threads
+
+    def set_num_threads(n: int) -> None:
+        real(1)
+    torch.set_num_threads = set_num_threads
 
 
 def _stub_selfcheck() -> None:

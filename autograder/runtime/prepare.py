@@ -86,6 +86,7 @@ def set_limits(config: dict) -> None:
         # holds now (torch included), counted over every mapping (RLIMIT_AS sees shared and
         # file-backed ones, which RLIMIT_DATA does not), with no GPU (its cases run on the CPU)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        _one_malloc_arena()
         if config.get("mapped_heap"):
             map_large_blocks()
         for name, key in (("DATA", "VmData:"), ("AS", "VmSize:")):
@@ -158,7 +159,19 @@ def cuda_fraction(fraction) -> None:
         pass
 
 
-M_MMAP_THRESHOLD = -3  # (glibc's malloc.h)
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # (glibc's malloc.h)
+
+
+def _one_malloc_arena() -> None:
+    """Every thread allocates from glibc's main arena: by default each new thread that
+    allocates gets an arena of its own, which reserves 64 MiB of address space, and the memory
+    case's cap counts it (a notebook that set torch's threads to 8 lost the case, stop 49)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1)
+    except (AttributeError, OSError):
+        pass
 
 
 def map_large_blocks(threshold: int = 128 << 10) -> None:

@@ -291,12 +291,16 @@ HONEST_CELLS = {"solution alone": "", "plotting imports": (
     "from IPython.display import display, Markdown\n"), "scipy and plotting": (
     "import scipy.stats\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
     "from IPython.display import display, Markdown\n"
-    "fig, ax = plt.subplots(); ax.plot([0, 1]); plt.close(fig)\n")}
+    "fig, ax = plt.subplots(); ax.plot([0, 1]); plt.close(fig)\n"),
+    # each thread's stack (8 MiB) and malloc arena (64 MiB reserved) is address space: 32 torch
+    # threads ended the child, 8 ran it out of memory (stop 49)
+    "32 torch threads": "import torch\ntorch.set_num_threads(32)\n"}
 
 
 @pytest.mark.needs_bwrap
 @pytest.mark.parametrize("cells, share", [("solution alone", 1), ("solution alone", 2 / 3),
-                                          ("plotting imports", 1), ("scipy and plotting", 1)])
+                                          ("plotting imports", 1), ("scipy and plotting", 1),
+                                          ("32 torch threads", 1)])
 def test_the_honest_solution_keeps_the_memory_case(tmp_path, cells, share):
     """Under the cap; the solution alone with a third of it to spare (it needs about 44-56 of
     the 192 MiB), with the plotting imports and scipy too. Stop 41 tried half the case under
