@@ -85,6 +85,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
     missing = False  # the CPU test stopped on a name the notebook does not define
     watch = None if failing is None or not ex.builds_on else [b for b in ex.builds_on if b in failing]
+    stubs: dict[bool, Outcome] = {}  # built or not (`Call.init`) -> the stub's outcome (`_stub_outcome`)
     for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
@@ -101,8 +102,18 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_rows)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
-            student = run(replace(c, watch=watch) if watch is not None and device == "cpu" else c)
-            verdict, expected = _judge_case(ex, c, key, student, references)
+            stub = stubs.get(c.init is None) if device == "cpu" and not c.capped_memory else None
+            verdict = None
+            if stub is not None:  # (the stub's error, whatever the inputs: judged, never run)
+                student = stub
+                verdict, expected = _judge_case(ex, c, key, student, references)
+                if not (verdict.mismatch and verdict.mismatch.not_implemented):
+                    verdict = None  # (it could only ever fail: if not, the case runs after all)
+            if verdict is None:
+                student = run(replace(c, watch=watch) if watch is not None and device == "cpu" else c)
+                verdict, expected = _judge_case(ex, c, key, student, references)
+                if device == "cpu" and _stub_outcome(student, verdict):
+                    stubs[c.init is None] = student
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch
             if m is None and device == "cpu":
@@ -129,6 +140,17 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     if forbidden_seen:
         _zero_for_forbidden(ex, tests, forbidden_seen, static)
     return tests
+
+
+def _stub_outcome(student: Outcome, verdict: Verdict) -> bool:
+    """Whether a CPU case's outcome is the exercise's stub raising (`execute.stub_raise`: code that
+    raises NotImplementedError before it reads any input), judged "not implemented": the
+    exercise's other CPU cases that enter the same code (a function's calls, or the module's
+    construction) would raise the same error, and are judged on this outcome without a run. The
+    child's claim is believed only where it fails the student's own cases."""
+    err = student.error
+    return bool(err and err.get("stub") is True and err.get("type") == "NotImplementedError"
+                and verdict.mismatch and verdict.mismatch.not_implemented)
 
 
 def _judge_case(ex: Exercise, c: Call, key, student: Outcome, references) -> tuple[Verdict, Outcome]:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
 import torch
@@ -176,6 +177,45 @@ def describe_error(exc: BaseException) -> dict:
         "message": message,
         "where": student_frames(exc.__traceback__),
     }
+
+
+# The template's stub, compiled (`raise NotImplementedError(...)`, after `super().__init__()` in
+# a module's __init__): straight-line code, no jump or handler, no name but these.
+_STUB_OPS = frozenset({"RESUME", "NOP", "CACHE", "COPY_FREE_VARS", "MAKE_CELL", "LOAD_GLOBAL", "LOAD_CONST",
+                       "LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "PUSH_NULL", "PRECALL", "CALL", "KW_NAMES",
+                       "LOAD_METHOD", "LOAD_ATTR", "LOAD_SUPER_ATTR", "POP_TOP", "RAISE_VARARGS"})
+_STUB_NAMES = frozenset({"NotImplementedError", "super", "__init__"})
+
+
+def _stub_code(code) -> bool:
+    import dis
+
+    if code.co_exceptiontable or not set(code.co_names) <= _STUB_NAMES:
+        return False
+    ops = [i.opname for i in dis.get_instructions(code)]
+    return bool(ops) and ops[-1] == "RAISE_VARARGS" and ops.count("RAISE_VARARGS") == 1 and set(ops) <= _STUB_OPS
+
+
+def stub_raise(exc: BaseException, target, call: Call) -> bool:
+    """Whether `exc` is the exercise's stub raising, as the template has it: NotImplementedError
+    raised by the code a call of this kind enters first (the function; a module's __init__)
+    where that code is straight-line code naming nothing but NotImplementedError (and
+    `super().__init__`). Every call of the exercise that enters it then raises the same error
+    whatever its inputs, so the grader judges the exercise's other cases of that kind on this
+    outcome instead of running them (`judge.grade_exercise`). A child that claims it falsely
+    only fails its own cases."""
+    if type(exc) is not NotImplementedError or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    if call.init is None:
+        entry = target if type(target) is types.FunctionType else None
+    else:  # (type(target) is type: no metaclass, and no __new__ of its own, can change what is built)
+        ok = type(target) is type and target.__new__ is object.__new__
+        entry = getattr(target, "__init__", None) if ok else None
+    code = getattr(entry, "__code__", None)
+    return code is not None and tb.tb_frame.f_code is code and _stub_code(code)
 
 
 def _describe(value: Any) -> str:
@@ -408,6 +448,8 @@ def _execute(target, call: Call, reraise: tuple, trusted: bool = False) -> Outco
         if isinstance(e, KeyboardInterrupt) or (trusted and not isinstance(e, Exception)):
             raise  # (an interrupt, or from the host's signal handler: see `execute`)
         out.error = describe_error(e)
+        if call.device == "cpu" and stub_raise(e, target, call):
+            out.error["stub"] = True
     out.forbidden = sorted(seen)
     out.seconds = time.perf_counter() - start
     return out

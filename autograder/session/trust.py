@@ -37,6 +37,8 @@ def plain_error(err) -> dict | None:
     mro = err.get("mro")
     if isinstance(mro, list) and all(isinstance(m, str) for m in mro):
         out["mro"] = [m[:200] for m in mro[:50]]
+    if err.get("stub") is True:  # (`execute.stub_raise`: believed only where it fails the student's cases)
+        out["stub"] = True
     return out
 
 
