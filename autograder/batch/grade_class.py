@@ -146,6 +146,11 @@ def _to_grade(grader: Grader, plans: dict, earlier: dict, results: dict, bar, do
     return work
 
 
+# Why `--only` refuses to mix its rows with another run's (`class_report.run_of`).
+_OTHER_RUN = ("graded with another seed or other devices{why}: grade with the class's --seed and --device, "
+              "or grade the whole class again")
+
+
 def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path=None,
                 chapters: list[str] | None = None, progress: bool = True,
                 shard: tuple[int, int] | None = None, only: list[str] | None = None,
@@ -172,13 +177,10 @@ def grade_class(class_dir, grader: Grader, jobs: int = 1, out_dir=None, csv_path
     run = class_report.run_of(grader.seed, grader.devices)
     if only and out_dir and (differ := class_report.other_runs(out_dir, run, only)):
         raise ValueError(f"{', '.join(printable(d) for d in differ[:5])}{' ...' if len(differ) > 5 else ''} "
-                         f"in {out_dir} {'was' if len(differ) == 1 else 'were'} graded with another seed or "
-                         "other devices: grade with the class's --seed and --device, or grade the whole "
-                         "class again")
+                         f"in {out_dir} {'was' if len(differ) == 1 else 'were'} {_OTHER_RUN.format(why='')}")
     if only and csv_path and read_run(csv_path) not in (None, run):
-        raise ValueError(f"{printable(str(csv_path))} was graded with another seed or other devices (its "
-                         f"{run_path(csv_path).name} says so): grade with the class's --seed and --device, "
-                         "or grade the whole class again")
+        why = f" (its {run_path(csv_path).name} says so)"
+        raise ValueError(f"{printable(str(csv_path))} was {_OTHER_RUN.format(why=why)}")
     plans = _plans(grader, folders, chapters)
     if not any(nb is not None for _, todo in plans.values() for _, nb in todo):
         return {name: Grader.assemble(r, [], 0.0) for name, (r, _) in sorted(plans.items())}  # writes nothing

@@ -166,12 +166,7 @@ def _one_malloc_arena() -> None:
     """Every thread allocates from glibc's main arena: by default each new thread that
     allocates gets an arena of its own, which reserves 64 MiB of address space, and the memory
     case's cap counts it (a notebook that set torch's threads to 8 lost the case, stop 49)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1)
-    except (AttributeError, OSError):
-        pass
+    _mallopt(M_ARENA_MAX, 1)
 
 
 def map_large_blocks(threshold: int = 128 << 10) -> None:
@@ -182,10 +177,15 @@ def map_large_blocks(threshold: int = 128 << 10) -> None:
     on every block make this slower, so the memory case uses it only to measure again a run
     that ran out of memory (`autograder.session.memory_case`). A libc without mallopt (not
     glibc) keeps its own policy."""
+    _mallopt(M_MMAP_THRESHOLD, threshold)
+
+
+def _mallopt(option: int, value: int) -> None:
+    """glibc's mallopt; nothing where the C library has none."""
     try:
         import ctypes
 
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold)
+        ctypes.CDLL(None).mallopt(option, value)
     except (AttributeError, OSError):
         pass
 

@@ -48,14 +48,11 @@ def libraries_imported(cells: list) -> tuple:
     import ast
 
     from ..runtime.prepare import LIBRARIES
+    from ..source.submission import ParsedSubmission
 
     found: list[str] = []
-    for cell in cells:
-        try:
-            tree = ast.parse(cell)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            continue
-        for node in ast.walk(tree):
+    for tree in ParsedSubmission.of(cells).trees:  # (the chapter's own parse: not parsed again)
+        for node in ast.walk(tree) if tree is not None else ():
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
