@@ -93,6 +93,44 @@ def _get_ipython():
     return _IPYTHON
 
 
+class _IPythonModule:
+    """IPython, or IPython.core.getipython, as the notebook's own imports get it: its get_ipython
+    is the grader's (`_get_ipython`), as the kernel's is in a notebook; anything else is
+    IPython's. Outside a kernel IPython's own returns None, and `from IPython import
+    get_ipython` then `get_ipython().run_line_magic(...)` failed the cell (stop 49)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return _get_ipython if name == "get_ipython" else getattr(self._real, name)
+
+    def __repr__(self):
+        return repr(self._real)
+
+
+_IPYTHON_MODULES = ("IPython", "IPython.core.getipython")
+
+
+def _notebook_imports(namespace: dict) -> None:
+    """Imports made by the notebook's code (its cells and the functions they define, whose
+    globals are `namespace`) get IPython as `_IPythonModule`; a library's imports, and the
+    grader's, get it as it is (matplotlib and tqdm ask IPython's get_ipython whether they run in
+    a kernel, and must hear that they do not)."""
+    real_import = builtins.__import__
+    if getattr(real_import, "namespace", None) is namespace:
+        return
+
+    def notebook_import(name, globals=None, locals=None, fromlist=(), level=0):
+        module = real_import(name, globals, locals, fromlist, level)
+        if globals is namespace and getattr(module, "__name__", None) in _IPYTHON_MODULES \
+                and "*" not in (fromlist or ()):
+            return _IPythonModule(module)
+        return module
+    notebook_import.namespace = namespace
+    builtins.__import__ = notebook_import
+
+
 def _display(*objs, **kwargs):
     for obj in objs:
         print(repr(obj))
@@ -225,6 +263,8 @@ class _Chapter:
         p = self.p
         skip = set(message.skip)
         budget_end = time.monotonic() + float(message.budget)
+        if any(isinstance(c, str) and "IPython" in c for c in message.cells):
+            _notebook_imports(self.namespace)  # (only then: it puts Python into every import)
         for number, source in enumerate(message.cells, 1):
             left = budget_end - time.monotonic()
             if number in skip or left <= 0 or not isinstance(source, str):

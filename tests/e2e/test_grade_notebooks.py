@@ -111,6 +111,36 @@ def test_correct_but_different_notebook_gets_full_marks(tmp_path):
     assert any("RuntimeError" in n for n in result.chapters[0].notes)
 
 
+IPYTHON_IN_CODE = (
+    "from IPython import get_ipython\n"
+    "get_ipython().run_line_magic('load_ext', 'autoreload')\n"
+    "get_ipython().run_line_magic('autoreload', '2')\n"
+    "import IPython\n"
+    "IPython.get_ipython().system('echo hello')\n"
+    "from IPython.core.getipython import get_ipython as shell\n"
+    "shell().run_cell_magic('time', '', 'x = 1')\n"
+    "from IPython.display import display\n"
+    "display(IPython.__name__)\n"
+    "# what a library asks (matplotlib, tqdm): no kernel here\n"
+    "import importlib\n"
+    "assert importlib.import_module('IPython').get_ipython() is None\n"
+    "import tqdm.auto\n"
+    "for _ in tqdm.auto.tqdm(range(3)):\n"
+    "    pass\n"
+    "import math\n"
+    "import torch\n")
+
+
+def test_ipython_called_from_code_works_as_in_a_kernel(tmp_path):
+    """`from IPython import get_ipython` then its methods, as jupytext and nbconvert write magics
+    (a kernel runs them; IPython's own get_ipython returns None outside one): the cell runs, and
+    the libraries still see no kernel. It cost the imports cell, and 17 of 18 points, before."""
+    cells = [IPYTHON_IN_CODE, *CORRECT_DIFFERENTLY[1:]]
+    result = Grader(device="cpu").grade_path(notebook(tmp_path / f"{CH2}.ipynb", *cells))
+    assert result.score == pytest.approx(CHAPTERS[CH2].points), result.chapters[0].notes
+    assert not any("cell 1" in n for n in result.chapters[0].notes), result.chapters[0].notes
+
+
 def test_buggy_notebook_loses_credit_where_it_breaks_with_a_hint(tmp_path):
     cells = list(CORRECT_DIFFERENTLY)
     cells[1] = "def _scores(q, k):\n    return q @ k.transpose(-2, -1)"  # forgot 1/sqrt(d_k)
