@@ -215,7 +215,8 @@ def stub_raise(exc: BaseException, target, call: Call) -> bool:
         ok = type(target) is type and target.__new__ is object.__new__
         entry = getattr(target, "__init__", None) if ok else None
     code = getattr(entry, "__code__", None)
-    return code is not None and tb.tb_frame.f_code is code and _stub_code(code)
+    return (code is not None and tb.tb_frame.f_code is code and _stub_code(code)
+            and all(type(a) is str and a in code.co_consts for a in exc.args))  # (the same message)
 
 
 def _describe(value: Any) -> str:

@@ -143,6 +143,7 @@ def _raised(ns: dict, target: str, call: Call) -> BaseException:
     ('def f(x, n):\n    raise NotImplementedError("later")\n', True),
     ('def f(x, n):\n    if n:\n        raise NotImplementedError()\n    return x\n', False),
     ('def f(x, n):\n    print(x)\n    raise NotImplementedError()\n', False),
+    ('def f(x, n):\n    raise NotImplementedError(n)\n', False),
     ('def f(x, n):\n    try:\n        pass\n    finally:\n        raise NotImplementedError()\n', False),
     ('class NotImplementedError(Exception):\n    pass\ndef f(x, n):\n    raise NotImplementedError()\n', False),
     ('class E(NotImplementedError):\n    pass\ndef f(x, n):\n    raise E()\n', False),
