@@ -102,7 +102,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_rows)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
-            stub = stubs.get(c.init is None) if device == "cpu" and not c.capped_memory else None
+            stub = stubs.get(c.init is None) if not c.capped_memory else None  # (on CUDA too)
             verdict = None
             if stub is not None:  # (the stub's error, whatever the inputs: judged, never run)
                 student = stub
@@ -145,9 +145,10 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
 def _stub_outcome(student: Outcome, verdict: Verdict) -> bool:
     """Whether a CPU case's outcome is the exercise's stub raising (`execute.stub_raise`: code that
     raises NotImplementedError before it reads any input), judged "not implemented": the
-    exercise's other CPU cases that enter the same code (a function's calls, or the module's
-    construction) would raise the same error, and are judged on this outcome without a run. The
-    child's claim is believed only where it fails the student's own cases."""
+    exercise's other cases that enter the same code (a function's calls, or the module's
+    construction) would raise the same error, on the CPU as on CUDA, and are judged on this
+    outcome without a run. The child's claim is believed only where it fails the student's own
+    cases. (The device check runs none of them: `path_failed_on_cpu`.)"""
     err = student.error
     return bool(err and err.get("stub") is True and err.get("type") == "NotImplementedError"
                 and verdict.mismatch and verdict.mismatch.not_implemented)

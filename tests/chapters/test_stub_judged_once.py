@@ -202,3 +202,50 @@ def test_through_the_sandbox_a_stub_notebook_makes_one_call_an_exercise(monkeypa
     rows = lambda r: [(t.exercise, t.device, t.score, [dataclasses.asdict(c) for c in t.cases])  # noqa: E731
                       for t in r.chapters[0].tests]
     assert rows(graded) == rows(every) and graded.score == every.score == 0
+
+
+class _CudaOnTheCpu:
+    """The reference outcomes, with a CUDA case's taken from the same case on the CPU: what a
+    GPU gives, on a machine without one (for the judge's bookkeeping, not for values)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def cases(self, *args):
+        return self.real.cases(*args)
+
+    def expected(self, call, key):
+        if call.device != "cuda":
+            return self.real.expected(call, key)
+        return self.real.expected(call.on("cpu", call.dtype), (*key, "cuda-on-the-cpu"))
+
+    def with_float32(self, call, key, expected):
+        return expected
+
+
+@pytest.mark.parametrize("name", ["split_heads", "MultiHeadAttention"])
+def test_on_a_gpu_a_stubs_cuda_rows_are_judged_on_its_cpu_outcome(name):
+    """With a GPU, every case runs on CUDA too (no device check): an untouched exercise's CUDA
+    rows take the stub's outcome, as a run of each gives them."""
+    ch = "03_multi_head_attention"
+    chapter, ns = CHAPTERS[ch], exercise_namespace(ch)
+    references = _CudaOnTheCpu(REFERENCES)
+    cases = references.cases(ch, name, GRADER.seed, GRADER.quick)
+
+    def grade(claims: bool):
+        ran = []
+
+        def run(c: Call) -> Outcome:
+            ran.append(c.device)
+            out = execute(ns, c.on("cpu", c.dtype) if c.device == "cuda" else c, trusted=True)
+            if out.error and not claims:
+                out.error.pop("stub", None)
+            return out
+        tests = grade_exercise(chapter, chapter.exercise(name), run, ["cpu", "cuda"], GRADER.seed,
+                               GRADER.quick, references=references)
+        return tests, ran
+
+    tests, ran = grade(True)
+    full, ran_all = grade(False)
+    assert ran == ["cpu"] and ran_all.count("cuda") >= len(cases)
+    assert [t.device for t in tests] == ["cpu", "cuda"] and _rows(tests) == _rows(full)
