@@ -103,7 +103,12 @@ class _IPythonModule:
         self._real = real
 
     def __getattr__(self, name):
-        return _get_ipython if name == "get_ipython" else getattr(self._real, name)
+        if name == "get_ipython":
+            return _get_ipython
+        real = self.__dict__.get("_real")  # (absent in a copy made without __init__)
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
 
     def __repr__(self):
         return repr(self._real)
