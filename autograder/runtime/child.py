@@ -70,20 +70,50 @@ def _not_main():
         os._exit(0)
 
 
-class _IPythonStub:
-    """What `get_ipython()` returns in the grader: every method does nothing and returns None."""
+class _Nothing:
+    """Any attribute of the grader's shell, as a notebook reads it: calling it does nothing and
+    returns None (`run_line_magic`, `system`); its own attributes are more of the same
+    (`kernel.comm_manager`); it is empty and false (`"IPKernelApp" in get_ipython().config`,
+    the usual "am I in a notebook?" test, says no, as it does outside a kernel)."""
+
+    def __call__(self, *args, **kwargs):
+        return None
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _nothing
+        return self
+
+    def __bool__(self):
+        return False
+
+    def __len__(self):
+        return 0
+
+    def __iter__(self):
+        return iter(())
+
+    def __contains__(self, item):
+        return False
+
+    def __repr__(self):
+        return "<nothing: the grader has no IPython kernel>"
+
+
+_NOTHING = _Nothing()
+
+
+class _IPythonStub:
+    """What `get_ipython()` returns in the grader: every method does nothing and returns None,
+    every other attribute is `_Nothing`."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _NOTHING
 
     def __repr__(self):
         return "<grader stub for get_ipython(): magics and shell commands do nothing>"
-
-
-def _nothing(*args, **kwargs):
-    return None
 
 
 _IPYTHON = _IPythonStub()
@@ -93,25 +123,27 @@ def _get_ipython():
     return _IPYTHON
 
 
-class _IPythonModule:
+class _IPythonModule(types.ModuleType):
     """IPython, or IPython.core.getipython, as the notebook's own imports get it: its get_ipython
     is the grader's (`_get_ipython`), as the kernel's is in a notebook; anything else is
     IPython's. Outside a kernel IPython's own returns None, and `from IPython import
     get_ipython` then `get_ipython().run_line_magic(...)` failed the cell (stop 49)."""
 
     def __init__(self, real):
-        self._real = real
+        super().__init__(real.__name__, real.__doc__)
+        self.__dict__.update({k: v for k, v in vars(real).items()
+                              if k in ("__spec__", "__package__", "__loader__", "__file__", "__path__")})
+        self.__dict__["_real"] = real
+        self.__dict__["get_ipython"] = _get_ipython
 
     def __getattr__(self, name):
-        if name == "get_ipython":
-            return _get_ipython
         real = self.__dict__.get("_real")  # (absent in a copy made without __init__)
         if real is None:
             raise AttributeError(name)
         return getattr(real, name)
 
     def __repr__(self):
-        return repr(self._real)
+        return repr(self.__dict__.get("_real"))
 
 
 _IPYTHON_MODULES = ("IPython", "IPython.core.getipython")
