@@ -85,7 +85,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
     groups = device_check_groups(cases)  # (the device check's code paths: computed once per exercise)
     missing = False  # the CPU test stopped on a name the notebook does not define
     watch = None if failing is None or not ex.builds_on else [b for b in ex.builds_on if b in failing]
-    stubs: dict[bool, Outcome] = {}  # built or not (`Call.init`) -> the stub's outcome (`_stub_outcome`)
+    stubs: dict[tuple, Outcome] = {}  # a call's shape (`_entry_shape`) -> the stub's outcome (`_stub_outcome`)
     for device, share in exercise_tests(ex, devices):
         test = TestResult(chapter.id, ex.name, device, 0.0, round(ex.points * share, 4))
         stop = None  # after a timeout/crash/missing name, the remaining cases are not run
@@ -102,7 +102,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 test.cases += not_run_for_cpu(cases, groups, index, device, c.dtype, cpu_rows)
                 continue
             key = reference_key(chapter.id, ex.name, seed, quick, index, c)
-            stub = stubs.get(c.init is None) if not c.capped_memory else None  # (on CUDA too)
+            stub = stubs.get(_entry_shape(c)) if not c.capped_memory else None  # (on CUDA too)
             verdict = None
             if stub is not None:  # (the stub's error, whatever the inputs: judged, never run)
                 student = stub
@@ -113,7 +113,7 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
                 student = run(replace(c, watch=watch) if watch is not None and device == "cpu" else c)
                 verdict, expected = _judge_case(ex, c, key, student, references)
                 if device == "cpu" and _stub_outcome(student, verdict):
-                    stubs[c.init is None] = student
+                    stubs[_entry_shape(c)] = student
             forbidden_seen |= verdict.forbidden
             m = verdict.mismatch
             if m is None and device == "cpu":
@@ -145,13 +145,22 @@ def grade_exercise(chapter: Chapter, ex: Exercise, run: Callable[[Call], Outcome
 def _stub_outcome(student: Outcome, verdict: Verdict) -> bool:
     """Whether a CPU case's outcome is the exercise's stub raising (`execute.stub_raise`: code that
     raises NotImplementedError before it reads any input), judged "not implemented": the
-    exercise's other cases that enter the same code (a function's calls, or the module's
-    construction) would raise the same error, on the CPU as on CUDA, and are judged on this
+    exercise's other cases that enter the same code with arguments of the same names (a
+    function's calls, or the module's construction: `_entry_shape`) would raise the same error, on the CPU as on CUDA, and are judged on this
     outcome without a run. The child's claim is believed only where it fails the student's own
     cases. (The device check runs none of them: `path_failed_on_cpu`.)"""
     err = student.error
     return bool(err and err.get("stub") is True and err.get("type") == "NotImplementedError"
                 and verdict.mismatch and verdict.mismatch.not_implemented)
+
+
+def _entry_shape(c: Call) -> tuple:
+    """What decides whether a call gets into the code it enters first, whatever the values: the
+    arguments' number and names (a stub whose parameter is `attn_mask` raises TypeError, with
+    its hint, where a case passes `mask=`)."""
+    if c.init is not None:
+        return ("init", tuple(sorted(c.init)))
+    return ("call", len(c.args), tuple(sorted(c.kwargs)))
 
 
 def _judge_case(ex: Exercise, c: Call, key, student: Outcome, references) -> tuple[Verdict, Outcome]:
