@@ -21,7 +21,7 @@ class Child:
     """
 
     def __init__(self, mode: str, limits: Limits, hidden: list[str], workdir: str, token: str,
-                 data_headroom: int = 0, mapped_heap: bool = False, preimport: tuple = ()):
+                 memory_case: dict | None = None):
         if str(mode) not in ("container", "fallback"):
             raise ValueError(f"a {mode} child is forked from a warm sandbox (sandbox.warm)")
         self.mode, self.limits, self.token = mode, limits, token
@@ -36,9 +36,7 @@ class Child:
         if policy.drops_itself:  # the workdir is the student's own
             os.chown(workdir, policy.uid, policy.uid)
         config = policy.child_config(token)
-        if data_headroom:
-            config.update(data_headroom=int(data_headroom), mapped_heap=bool(mapped_heap),
-                          preimport=list(preimport))
+        config.update(memory_case or {})  # (a memory case's child: `session.child_slot`)
         argv = python_argv(policy.runtime, "main", [str(req_r), str(res_w), json.dumps(config)])
         try:
             self.proc = subprocess.Popen(

@@ -289,20 +289,15 @@ class WarmSandbox(_Controlled):
         else:
             super()._on_message(message)
 
-    def fork(self, token: str, data_headroom: int = 0, mapped_heap: bool = False,
-             preimport: tuple = ()) -> "ForkedChild":
-        """A fresh child for one chapter, forked from the warm worker (with `data_headroom`,
-        its memory capped that far above what it holds when it starts; `mapped_heap`: each
-        large block mapped of its own there, `runtime.prepare.map_large_blocks`; `preimport`:
-        libraries imported before the cap, `runtime.prepare.preimport`)."""
+    def fork(self, token: str, memory_case: dict | None = None) -> "ForkedChild":
+        """A fresh child for one chapter, forked from the warm worker (with `memory_case`, the
+        memory case's child: its settings, `session.child_slot.ChildSlot.memory_case`)."""
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         try:
             config = {"threads": self.limits.threads, "cuda_fraction": self.limits.gpu_share}
-            if data_headroom:
-                config.update(data_headroom=int(data_headroom), mapped_heap=bool(mapped_heap),
-                              preimport=list(preimport))
+            config.update(memory_case or {})
             # (the first chapter's Fork also waits for the imports the warm worker leaves until
             # then, `runtime/warm.py`: a start-up's timeout, not a control message's)
             forked = self._request(self._p.Fork(token, config),

@@ -55,8 +55,11 @@ class ChildSlot:
     def __init__(self, mode, limits: Limits, sandboxes: SandboxPool | None, hidden, headroom: int,
                  mapped_heap: bool = False, preimport: tuple = ()):
         self.mode, self.limits, self.pool = mode, limits, sandboxes
-        self.hidden, self.headroom, self.mapped_heap = hidden, headroom, mapped_heap
-        self.preimport = tuple(preimport)
+        self.hidden = hidden
+        # The memory case's child's settings (`runtime.prepare.set_limits`, `child.serve`), as the
+        # child reads them, whether it is forked from a warm sandbox or started on its own.
+        self.memory_case = {"data_headroom": int(headroom), "mapped_heap": bool(mapped_heap),
+                            "preimport": list(preimport)} if headroom else {}
         self.box = None  # the warm sandbox the children are forked from (with a pool)
         self.child: Child | None = None
         self.channel: Channel | None = None
@@ -111,7 +114,7 @@ class ChildSlot:
                 if _STOPPED.is_set():
                     return STOPPED_WHY
                 child = Child(self.mode, self.limits, self.hidden, self.workdir or "/", token,
-                              self.headroom, self.mapped_heap, self.preimport)
+                              self.memory_case)
                 _LAUNCHED.add(child)
                 return child
         if self.box is not None and not self.box.alive():
@@ -123,7 +126,7 @@ class ChildSlot:
             self._give_back()
             return why
         try:
-            return self.box.fork(token, self.headroom, self.mapped_heap, self.preimport)
+            return self.box.fork(token, self.memory_case)
         except SandboxDied as e:
             self._give_back()
             return f"the grading process could not be started ({e})"

@@ -51,6 +51,8 @@ def _magic_lines(source: str) -> int:
 
 def _has_magic(source: str) -> bool:
     return bool(_MAGIC_LINE.search(source) or (_ASSIGNED_HINT.search(source) and _ASSIGNED_MAGIC.search(source)))
+
+
 _TIMING_LINE = re.compile(r"^([ \t]*)%(time|timeit|prun)[ \t]+(.*)$", re.MULTILINE)
 # Their options, by magic: %timeit's -n N, -r R, -p P take a value, -q, -c, -t and -o (return
 # the result) are flags; %prun's -s KEY, -l LIMIT, -T FILE, -D FILE take one, -r and -q are flags.
